@@ -1,0 +1,42 @@
+# Two commands for a newcomer: `make run` and `make test`. Everything installs into .venv and .tools.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+BUF := .tools/node_modules/.bin/buf
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test lint protos protos-check buf-lint bench clean
+
+setup: $(STAMP) $(BUF)
+
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+$(BUF):
+	npm install --silent --no-save --no-audit --no-fund --prefix .tools @bufbuild/buf@1.75.0
+
+run: $(STAMP)
+	$(VENV)/bin/continuum up
+
+protos: $(STAMP)
+	$(PY) scripts/protos.py
+
+protos-check: $(STAMP)
+	$(PY) scripts/protos.py --check
+
+buf-lint: $(BUF)
+	$(BUF) lint
+
+lint: $(STAMP) protos-check buf-lint
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy runtime services gateway cli tests bench scripts
+
+test: setup lint
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache

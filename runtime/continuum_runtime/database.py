@@ -1,0 +1,79 @@
+"""One async SQLAlchemy engine per process, over asyncpg (PostgreSQL) or aiosqlite (embedded)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from sqlalchemy import JSON, event
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.types import TypeEngine
+
+# JSON columns: JSONB on PostgreSQL, JSON text on SQLite.
+JsonColumn: TypeEngine[Any] = JSON().with_variant(JSONB(), "postgresql")
+
+
+def is_sqlite(url: str) -> bool:
+    """True for the embedded SQLite backend."""
+    return url.startswith("sqlite")
+
+
+class Database:
+    """Owns the process's engine. Services open one transaction per RPC through `transaction()`.
+
+    On PostgreSQL every connection's search_path is the service's own schema, so table names stay
+    unqualified in code and migrations alike. On SQLite the file is the service's own; connections
+    use WAL, foreign keys and `BEGIN IMMEDIATE` so writers queue instead of failing on upgrade.
+    """
+
+    def __init__(self, url: str, *, schema: str, pool_size: int = 10) -> None:
+        self.url = url
+        self.schema = schema
+        self.sqlite = is_sqlite(url)
+        self.engine: AsyncEngine = _create_engine(url, schema=schema, pool_size=pool_size)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncConnection]:
+        """A connection inside a transaction that commits on success and rolls back on error."""
+        async with self.engine.begin() as connection:
+            yield connection
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[AsyncConnection]:
+        """A connection for reads; each statement runs in its own short transaction."""
+        async with self.engine.connect() as connection:
+            yield connection
+
+    async def dispose(self) -> None:
+        """Close every pooled connection."""
+        await self.engine.dispose()
+
+
+def _create_engine(url: str, *, schema: str, pool_size: int) -> AsyncEngine:
+    if is_sqlite(url):
+        # One connection: SQLite has a single writer, and queueing in the pool is cheaper than
+        # retrying on SQLITE_BUSY. Other processes (CLI jobs) wait on busy_timeout.
+        engine = create_async_engine(url, pool_size=1, max_overflow=0, pool_timeout=60)
+
+        @event.listens_for(engine.sync_engine, "connect")
+        def _configure(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.isolation_level = None
+            cursor = dbapi_connection.cursor()
+            for pragma in ("journal_mode=WAL", "foreign_keys=ON", "busy_timeout=10000", "synchronous=NORMAL"):
+                cursor.execute(f"PRAGMA {pragma}")
+            cursor.close()
+
+        @event.listens_for(engine.sync_engine, "begin")
+        def _begin(connection: Any) -> None:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    return create_async_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=True,
+        connect_args={"server_settings": {"search_path": schema, "application_name": f"continuum-{schema}"}},
+    )

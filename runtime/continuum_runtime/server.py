@@ -1,0 +1,110 @@
+"""gRPC server bootstrap: grpc.aio on a chosen (or free) port, health, reflection, interceptors,
+keepalive suited to Kubernetes, and a graceful stop (NOT_SERVING first, then drain)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
+from opentelemetry.sdk.trace import TracerProvider
+
+from continuum_runtime.interceptors import AuthInterceptor, ErrorMappingInterceptor
+from continuum_runtime.settings import ServiceSettings
+
+logger = logging.getLogger("continuum.server")
+
+Cleanup = Callable[[], Awaitable[None]]
+
+
+@dataclass
+class GrpcService:
+    """A started server, its bound port and what to close after it stops."""
+
+    name: str
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+    cleanups: list[Cleanup] = field(default_factory=list)
+
+    async def stop(self, grace: float) -> None:
+        """Report NOT_SERVING, let calls in flight finish within `grace`, then close resources."""
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+        for cleanup in reversed(self.cleanups):
+            await cleanup()
+        logger.info("server stopped", extra={"service": self.name})
+
+
+def keepalive_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    """Channel options for long-lived streams behind Kubernetes load balancers."""
+    return [
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+    ]
+
+
+async def start_server(
+    name: str,
+    settings: ServiceSettings,
+    *,
+    register: Callable[[grpc.aio.Server], Sequence[str]],
+    tracer_provider: TracerProvider,
+    cleanups: Sequence[Cleanup] = (),
+) -> GrpcService:
+    """Build and start the server; `register` adds servicers and returns their full service names."""
+    interceptors: list[grpc.aio.ServerInterceptor] = [
+        aio_server_interceptor(
+            tracer_provider=tracer_provider,
+            filter_=filters.negate(filters.any_of(filters.health_check(), filters.service_prefix("grpc.reflection"))),
+        ),
+        AuthInterceptor(settings.service_token.get_secret_value()),
+        ErrorMappingInterceptor(),
+    ]
+    server = grpc.aio.server(interceptors=interceptors, options=keepalive_options(settings.grpc_max_message_bytes))
+    service_names = list(register(server))
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    if port == 0:
+        raise RuntimeError(f"could not bind {settings.host}:{settings.port}")
+    await server.start()
+    for service_name in ["", *service_names]:
+        await health_servicer.set(service_name, health_pb2.HealthCheckResponse.SERVING)
+    logger.info("server started", extra={"service": name, "port": port})
+    return GrpcService(name, server, port, health_servicer, list(cleanups))
+
+
+def write_port_file(data_dir: Path, name: str, port: int) -> Path:
+    """Publish the bound port so a supervisor (`continuum up`) can find a service on port 0."""
+    run_dir = data_dir / "run"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / f"{name}.port"
+    scratch = path.with_suffix(".tmp")
+    scratch.write_text(str(port))
+    scratch.replace(path)
+    return path
+
+
+async def serve_until_signalled(service: GrpcService, grace: float) -> None:
+    """Run until SIGINT or SIGTERM, then stop gracefully."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    logger.info("stopping", extra={"service": service.name})
+    await service.stop(grace)

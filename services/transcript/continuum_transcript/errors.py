@@ -1,0 +1,90 @@
+"""Transcript's errors. Handlers raise these; the runtime maps them to gRPC status in one place."""
+
+from __future__ import annotations
+
+import grpc
+
+from continuum_runtime.errors import InvalidArgument, ServiceError
+
+DOMAIN = "transcript.continuum"
+
+
+class TranscriptError(ServiceError):
+    """Root of every error transcript reports."""
+
+    domain = DOMAIN
+
+
+class BadRequest(InvalidArgument, TranscriptError):
+    """A request field is malformed or over a limit."""
+
+    domain = DOMAIN
+
+
+class SessionNotFound(TranscriptError):
+    code = grpc.StatusCode.NOT_FOUND
+    reason = "SESSION_NOT_FOUND"
+
+
+class SessionPermissionDenied(TranscriptError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+    reason = "SESSION_PERMISSION_DENIED"
+
+
+class SessionAlreadyExists(TranscriptError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+    reason = "SESSION_ALREADY_EXISTS"
+
+
+class MessageNotFound(TranscriptError):
+    code = grpc.StatusCode.NOT_FOUND
+    reason = "MESSAGE_NOT_FOUND"
+
+
+class MessageNotEditable(TranscriptError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "MESSAGE_NOT_EDITABLE"
+
+
+class HistoryGenerationMismatch(TranscriptError):
+    code = grpc.StatusCode.ABORTED
+    reason = "HISTORY_GENERATION_MISMATCH"
+
+
+class AttachmentNotFound(TranscriptError):
+    code = grpc.StatusCode.NOT_FOUND
+    reason = "ATTACHMENT_NOT_FOUND"
+
+
+class AttachmentTooLarge(TranscriptError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    reason = "ATTACHMENT_TOO_LARGE"
+
+
+class SessionAlreadyRunning(TranscriptError):
+    """A run was refused because the session's tree is claimed."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "SESSION_ALREADY_RUNNING"
+
+
+class SessionBusy(TranscriptError):
+    """A merge or compaction claim was refused; metadata names the holder's kind."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "SESSION_BUSY"
+
+
+class ClaimNotFound(TranscriptError):
+    """The claim expired or was released; its holder no longer guards the sessions."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "CLAIM_NOT_HELD"
+
+
+class PageTokenInvalid(TranscriptError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    reason = "PAGE_TOKEN_INVALID"
+
+
+__all__ = ["BadRequest", "TranscriptError"]

@@ -1,0 +1,92 @@
+"""Transcript's own tables (schema `transcript` on PostgreSQL, `transcript.db` on SQLite)."""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, MetaData, String, Table, Text
+
+from continuum_runtime.database import JsonColumn
+
+metadata = MetaData()
+
+# Times are epoch milliseconds (UTC): identical on both backends and cheap to compare.
+sessions = Table(
+    "sessions",
+    metadata,
+    Column("session_id", String(64), primary_key=True),
+    Column("owner", String(128), nullable=False),
+    Column("parent_session_id", String(64), nullable=True),
+    Column("root_session_id", String(64), nullable=False),
+    Column("kind", Integer, nullable=False),
+    Column("title", Text, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("working_directory", Text, nullable=False),
+    Column("memory_injection_disabled", Boolean, nullable=False),
+    Column("metadata", JsonColumn, nullable=False),
+    # Fingerprint of the create parameters: a retried create with the same id must match it.
+    Column("create_fingerprint", String(64), nullable=False),
+    Column("history_generation", BigInteger, nullable=False),
+    Column("deleted", Boolean, nullable=False),
+    Column("create_ms", BigInteger, nullable=False),
+    Column("update_ms", BigInteger, nullable=False),
+    Column("delete_ms", BigInteger, nullable=True),
+    Index("ix_sessions_owner_created", "owner", "deleted", "create_ms", "session_id"),
+    Index("ix_sessions_root", "root_session_id"),
+    Index("ix_sessions_parent", "parent_session_id"),
+)
+
+messages = Table(
+    "messages",
+    metadata,
+    Column("message_id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("session_id", String(64), nullable=False),
+    Column("role", Integer, nullable=False),
+    Column("content", JsonColumn, nullable=False),
+    Column("tool_calls", JsonColumn, nullable=False),
+    Column("tool_call_id", String(256), nullable=False),
+    Column("metadata", JsonColumn, nullable=False),
+    Column("status", Integer, nullable=False),
+    Column("deleted", Boolean, nullable=False),
+    Column("create_ms", BigInteger, nullable=False),
+    Index("ix_messages_session_deleted_id", "session_id", "deleted", "message_id"),
+    # Never reuse an id on SQLite either: compaction boundaries are real message ids.
+    sqlite_autoincrement=True,
+)
+
+attachments = Table(
+    "attachments",
+    metadata,
+    Column("attachment_id", String(64), primary_key=True),
+    Column("session_id", String(64), nullable=False, index=True),
+    Column("owner", String(128), nullable=False),
+    Column("media_type", String(255), nullable=False),
+    Column("file_name", String(255), nullable=False),
+    Column("size_bytes", BigInteger, nullable=False),
+    Column("sha256", String(64), nullable=False),
+    Column("create_ms", BigInteger, nullable=False),
+)
+
+# One row per locked tree: a claim on any session locks its whole tree through the root.
+execution_claims = Table(
+    "execution_claims",
+    metadata,
+    Column("root_session_id", String(64), primary_key=True),
+    Column("claim_id", String(64), nullable=False, index=True),
+    Column("kind", Integer, nullable=False),
+    Column("holder", String(256), nullable=False),
+    Column("session_ids", JsonColumn, nullable=False),
+    Column("acquire_ms", BigInteger, nullable=False),
+    Column("expire_ms", BigInteger, nullable=False),
+)
+
+session_events = Table(
+    "session_events",
+    metadata,
+    Column("event_id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("event_type", Integer, nullable=False),
+    Column("session_id", String(64), nullable=False),
+    Column("root_session_id", String(64), nullable=False),
+    Column("owner", String(128), nullable=False),
+    Column("payload", JsonColumn, nullable=False),
+    Column("create_ms", BigInteger, nullable=False),
+    sqlite_autoincrement=True,
+)
