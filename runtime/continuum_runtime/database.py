@@ -6,18 +6,20 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from sqlalchemy import JSON, event
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy import Table, event
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
-from sqlalchemy.types import TypeEngine
-
-# JSON columns: JSONB on PostgreSQL, JSON text on SQLite.
-JsonColumn: TypeEngine[Any] = JSON().with_variant(JSONB(), "postgresql")
 
 
 def is_sqlite(url: str) -> bool:
     """True for the embedded SQLite backend."""
     return url.startswith("sqlite")
+
+
+def insert_ignoring_conflicts(connection: AsyncConnection, table: Table) -> Any:
+    """An INSERT that skips rows conflicting on a unique key (both backends spell it the same)."""
+    dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
+    return dialect.insert(table)
 
 
 class Database:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, MetaData, String, Table, Text
+from sqlalchemy import JSON, BigInteger, Boolean, Column, Index, Integer, MetaData, String, Table, Text
 
-from continuum_runtime.database import JsonColumn
+# Plain JSON (text) rather than JSONB: we never query inside it, and PostgreSQL's jsonb refuses
+# U+0000, which real tool output contains.
+JsonColumn = JSON
 
 metadata = MetaData()
 
@@ -73,7 +75,10 @@ execution_claims = Table(
     Column("claim_id", String(64), nullable=False, index=True),
     Column("kind", Integer, nullable=False),
     Column("holder", String(256), nullable=False),
+    Column("owner", String(128), nullable=False),
     Column("session_ids", JsonColumn, nullable=False),
+    # How many trees the claim locked; a renewal that finds fewer rows lost part of its claim.
+    Column("root_count", Integer, nullable=False),
     Column("acquire_ms", BigInteger, nullable=False),
     Column("expire_ms", BigInteger, nullable=False),
 )

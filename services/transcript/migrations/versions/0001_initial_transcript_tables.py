@@ -9,10 +9,9 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import postgresql
 
-# Frozen copy of the column type at this revision: JSONB on PostgreSQL, JSON text on SQLite.
-JSON_TYPE = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+# JSON text, not JSONB: jsonb refuses U+0000, which real tool output contains.
+JSON_TYPE = sa.JSON()
 
 revision: str = "0001"
 down_revision: str | None = None
@@ -42,7 +41,9 @@ def upgrade() -> None:
         sa.Column("claim_id", sa.String(length=64), nullable=False),
         sa.Column("kind", sa.Integer(), nullable=False),
         sa.Column("holder", sa.String(length=256), nullable=False),
+        sa.Column("owner", sa.String(length=128), nullable=False),
         sa.Column("session_ids", JSON_TYPE, nullable=False),
+        sa.Column("root_count", sa.Integer(), nullable=False),
         sa.Column("acquire_ms", sa.BigInteger(), nullable=False),
         sa.Column("expire_ms", sa.BigInteger(), nullable=False),
         sa.PrimaryKeyConstraint("root_session_id"),

@@ -1,0 +1,116 @@
+"""Execution gate: all-or-nothing leases on session trees, keyed by each tree's root."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import RowMapping, delete, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from continuum.transcript.v1 import resources_pb2 as pb
+from continuum_runtime.database import insert_ignoring_conflicts
+from continuum_transcript import sessions
+from continuum_transcript.clock import now_ms
+from continuum_transcript.errors import ClaimNotFound, SessionAlreadyRunning, SessionBusy
+from continuum_transcript.tables import execution_claims
+
+
+@dataclass(frozen=True)
+class HeldClaim:
+    """A claim as its holder sees it."""
+
+    claim_id: str
+    kind: int
+    holder: str
+    session_ids: list[str]
+    root_session_ids: list[str]
+    expire_ms: int
+
+
+async def acquire(
+    connection: AsyncConnection, owner: str, session_ids: list[str], kind: int, holder: str, ttl_ms: int
+) -> HeldClaim:
+    """Lock every named session's tree, or none (the caller's transaction rolls back on refusal).
+
+    Roots are taken in id order so two acquirers of overlapping sets cannot deadlock. Each row is
+    one conditional upsert: it inserts a free root or takes over an expired lease, and its row
+    count says whether this caller now holds the tree.
+    """
+    roots = sorted({(await sessions.load(connection, owner, sid))["root_session_id"] for sid in session_ids})
+    claim_id = uuid.uuid4().hex
+    now = now_ms()
+    expire = now + ttl_ms
+    for root in roots:
+        values = {
+            "root_session_id": root,
+            "claim_id": claim_id,
+            "kind": kind,
+            "holder": holder,
+            "owner": owner,
+            "session_ids": session_ids,
+            "root_count": len(roots),
+            "acquire_ms": now,
+            "expire_ms": expire,
+        }
+        statement = insert_ignoring_conflicts(connection, execution_claims).values(values)
+        statement = statement.on_conflict_do_update(
+            index_elements=[execution_claims.c.root_session_id],
+            set_={k: v for k, v in values.items() if k != "root_session_id"},
+            where=execution_claims.c.expire_ms <= now,
+        )
+        if (await connection.execute(statement)).rowcount != 1:
+            await _refuse(connection, root, kind)
+    return HeldClaim(claim_id, kind, holder, session_ids, roots, expire)
+
+
+async def _refuse(connection: AsyncConnection, root: str, kind: int) -> None:
+    current = (
+        (await connection.execute(select(execution_claims).where(execution_claims.c.root_session_id == root)))
+        .mappings()
+        .one()
+    )
+    holder_kind = pb.ClaimKind.Name(current["kind"])
+    details = {"root_session_id": root, "holder_kind": holder_kind}
+    if kind == pb.CLAIM_KIND_RUN:
+        raise SessionAlreadyRunning("the session is already running or busy", metadata=details)
+    raise SessionBusy(f"the session is held by a {holder_kind} claim", metadata=details)
+
+
+async def _rows(connection: AsyncConnection, owner: str, claim_id: str) -> list[RowMapping]:
+    query = select(execution_claims).where(execution_claims.c.claim_id == claim_id, execution_claims.c.owner == owner)
+    return list((await connection.execute(query.order_by(execution_claims.c.root_session_id))).mappings())
+
+
+async def renew(connection: AsyncConnection, owner: str, claim_id: str, ttl_ms: int) -> HeldClaim:
+    """Extend a live claim. A claim that expired (even partly) is lost: CLAIM_NOT_HELD."""
+    now = now_ms()
+    rows = await _rows(connection, owner, claim_id)
+    renewed = await connection.execute(
+        update(execution_claims)
+        .where(
+            execution_claims.c.claim_id == claim_id,
+            execution_claims.c.owner == owner,
+            execution_claims.c.expire_ms > now,
+        )
+        .values(expire_ms=now + ttl_ms)
+    )
+    if not rows or renewed.rowcount != rows[0]["root_count"]:
+        raise ClaimNotFound("the claim expired or was released", metadata={"claim_id": claim_id})
+    first = rows[0]
+    return HeldClaim(
+        claim_id,
+        first["kind"],
+        first["holder"],
+        list(first["session_ids"]),
+        [row["root_session_id"] for row in rows],
+        now + ttl_ms,
+    )
+
+
+async def release(connection: AsyncConnection, owner: str, claim_id: str) -> bool:
+    """Free every tree the claim holds; False when nothing was held any more."""
+    result = await connection.execute(
+        delete(execution_claims).where(execution_claims.c.claim_id == claim_id, execution_claims.c.owner == owner)
+    )
+    return bool(result.rowcount)

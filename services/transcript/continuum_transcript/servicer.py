@@ -1,0 +1,348 @@
+"""TranscriptService handlers: validate, open one transaction at the edge, call the store, convert.
+
+Handlers raise TranscriptError; the runtime's interceptor maps it to a status. None sets codes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import grpc
+from sqlalchemy import RowMapping, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from continuum.transcript.v1 import resources_pb2 as pb
+from continuum.transcript.v1 import transcript_service_pb2 as api
+from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
+from continuum_runtime.auth import ACTING_USER_KEY, acting_user
+from continuum_runtime.database import Database
+from continuum_runtime.paging import PageTokenError, decode_page_token, encode_page_token, page_size
+from continuum_transcript import attachments, claims, convert, events, messages, sessions, validation
+from continuum_transcript.errors import BadRequest, PageTokenInvalid
+from continuum_transcript.settings import TranscriptSettings
+from continuum_transcript.tables import attachments as attachments_table
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+# A page of messages stops growing past this many serialized bytes (there is always a next token).
+PAGE_BYTES_SOFT_LIMIT = 16 * 1024 * 1024
+
+
+def _cursor(token: str, parameters: dict[str, Any]) -> Any:
+    if not token:
+        return None
+    try:
+        return decode_page_token(token, parameters)
+    except PageTokenError as error:
+        raise PageTokenInvalid(str(error)) from error
+
+
+def _optional_user(context: Context) -> str | None:
+    """Backends consuming the outbox act as no user and see every event."""
+    for key, _ in context.invocation_metadata() or ():
+        if key == ACTING_USER_KEY:
+            return acting_user(context)
+    return None
+
+
+async def _with_media_types(connection: AsyncConnection, rows: Sequence[RowMapping]) -> list[pb.Message]:
+    ids = sorted({p["attachment"]["attachment_id"] for r in rows for p in r["content"] if "attachment" in p})
+    known: dict[str, str] = {}
+    if ids:
+        found = await connection.execute(
+            select(attachments_table.c.attachment_id, attachments_table.c.media_type).where(
+                attachments_table.c.attachment_id.in_(ids)
+            )
+        )
+        known = {attachment_id: media_type for attachment_id, media_type in found.tuples()}
+    return [convert.message(row, known) for row in rows]
+
+
+class TranscriptServicer(api_grpc.TranscriptServiceServicer):
+    """The gRPC face of the transcript store."""
+
+    def __init__(
+        self,
+        settings: TranscriptSettings,
+        database: Database,
+        store: attachments.AttachmentStore,
+        bell: events.EventBell,
+    ) -> None:
+        self._settings = settings
+        self._db = database
+        self._store = store
+        self._bell = bell
+
+    # Sessions
+
+    async def CreateSession(self, request: api.CreateSessionRequest, context: Context) -> api.CreateSessionResponse:
+        owner = acting_user(context)
+        new = sessions.NewSession(
+            session_id=validation.optional_session_id(request.session_id, "session_id"),
+            parent_session_id=validation.optional_session_id(request.parent_session_id, "parent_session_id"),
+            kind=validation.session_kind(request.kind),
+            title=validation.text(request.title, "title", validation.MAX_TITLE_CHARS),
+            model=validation.text(request.model, "model", validation.MAX_MODEL_CHARS),
+            working_directory=validation.text(
+                request.working_directory, "working_directory", validation.MAX_PATH_CHARS
+            ),
+            memory_injection_disabled=request.memory_injection_disabled,
+            metadata=validation.metadata(request.metadata),
+        )
+        async with self._db.transaction() as connection:
+            row, created = await sessions.create(connection, owner, new)
+        return api.CreateSessionResponse(session=convert.session(row), created=created)
+
+    async def GetSession(self, request: api.GetSessionRequest, context: Context) -> api.GetSessionResponse:
+        owner = acting_user(context)
+        session_id = validation.session_id(request.session_id)
+        async with self._db.connection() as connection:
+            row = await sessions.load(connection, owner, session_id, include_deleted=request.include_deleted)
+        return api.GetSessionResponse(session=convert.session(row))
+
+    async def ListSessions(self, request: api.ListSessionsRequest, context: Context) -> api.ListSessionsResponse:
+        owner = acting_user(context)
+        size = page_size(validation.non_negative(request.page_size, "page_size"), default=50, maximum=200)
+        parent = validation.optional_session_id(request.parent_session_id, "parent_session_id")
+        parameters = {"rpc": "ListSessions", "owner": owner, "parent": parent}
+        after = _cursor(request.page_token, parameters)
+        async with self._db.connection() as connection:
+            rows = await sessions.list_page(connection, owner, parent, size + 1, after)
+        token = ""
+        if len(rows) > size:
+            rows = rows[:size]
+            token = encode_page_token([rows[-1]["create_ms"], rows[-1]["session_id"]], parameters)
+        return api.ListSessionsResponse(sessions=[convert.session(r) for r in rows], next_page_token=token)
+
+    async def UpdateSession(self, request: api.UpdateSessionRequest, context: Context) -> api.UpdateSessionResponse:
+        owner = acting_user(context)
+        session_id = validation.session_id(request.session.session_id, "session.session_id")
+        if not request.update_mask.paths:
+            raise BadRequest("update_mask", "must name at least one field")
+        changes: dict[str, Any] = {}
+        given = request.session
+        for path in request.update_mask.paths:
+            if path == "title":
+                changes[path] = validation.text(given.title, "session.title", validation.MAX_TITLE_CHARS)
+            elif path == "model":
+                changes[path] = validation.text(given.model, "session.model", validation.MAX_MODEL_CHARS)
+            elif path == "working_directory":
+                changes[path] = validation.text(
+                    given.working_directory, "session.working_directory", validation.MAX_PATH_CHARS
+                )
+            elif path == "memory_injection_disabled":
+                changes[path] = given.memory_injection_disabled
+            elif path == "metadata":
+                changes[path] = validation.metadata(given.metadata, "session.metadata")
+            else:
+                raise BadRequest("update_mask", f"{path!r} is not one of {', '.join(sessions.UPDATABLE_FIELDS)}")
+        async with self._db.transaction() as connection:
+            row = await sessions.update_fields(connection, owner, session_id, changes)
+        return api.UpdateSessionResponse(session=convert.session(row))
+
+    async def DeleteSession(self, request: api.DeleteSessionRequest, context: Context) -> api.DeleteSessionResponse:
+        owner = acting_user(context)
+        session_id = validation.session_id(request.session_id)
+        async with self._db.transaction() as connection:
+            deleted, event_id = await sessions.delete_tree(connection, owner, session_id)
+        self._bell.ring()
+        return api.DeleteSessionResponse(deleted_session_ids=deleted, event_id=event_id)
+
+    # Messages
+
+    async def AppendMessages(self, request: api.AppendMessagesRequest, context: Context) -> api.AppendMessagesResponse:
+        owner = acting_user(context)
+        session_id = validation.session_id(request.session_id)
+        batch = validation.append_batch(request.messages, self._settings)
+        async with self._db.transaction() as connection:
+            rows = await messages.append(connection, owner, session_id, batch)
+            stored = await _with_media_types(connection, rows)
+        return api.AppendMessagesResponse(messages=stored)
+
+    async def GetMessage(self, request: api.GetMessageRequest, context: Context) -> api.GetMessageResponse:
+        owner = acting_user(context)
+        session_id = validation.session_id(request.session_id)
+        message_id = validation.non_negative(request.message_id, "message_id")
+        async with self._db.connection() as connection:
+            row = await messages.get(connection, owner, session_id, message_id)
+            (stored,) = await _with_media_types(connection, [row])
+        return api.GetMessageResponse(message=stored)
+
+    async def ListMessagesAfter(
+        self, request: api.ListMessagesAfterRequest, context: Context
+    ) -> api.ListMessagesAfterResponse:
+        owner = acting_user(context)
+        session_id = validation.session_id(request.session_id)
+        after = validation.non_negative(request.after_message_id, "after_message_id")
+        size = page_size(validation.non_negative(request.page_size, "page_size"), default=500, maximum=1000)
+        parameters = {"rpc": "ListMessagesAfter", "session": session_id, "after": after}
+        cursor = _cursor(request.page_token, parameters)
+        start = after if cursor is None else int(cursor)
+        async with self._db.connection() as connection:
+            rows = await messages.list_after(connection, owner, session_id, start, size + 1)
+            more = len(rows) > size
+            page = await _with_media_types(connection, rows[:size])
+        kept, total = 0, 0
+        for kept, item in enumerate(page, start=1):  # noqa: B007 - `kept` is read after the loop
+            total += item.ByteSize()
+            if total >= PAGE_BYTES_SOFT_LIMIT:
+                break
+        more = more or kept < len(page)
+        page = page[:kept]
+        token = encode_page_token(page[-1].message_id, parameters) if more and page else ""
+        return api.ListMessagesAfterResponse(messages=page, next_page_token=token)
+
+    async def ListMessagePage(
+        self, request: api.ListMessagePageRequest, context: Context
+    ) -> api.ListMessagePageResponse:
+        owner = acting_user(context)
+        session_id = validation.session_id(request.session_id)
+        anchor = validation.non_negative(request.anchor_message_id, "anchor_message_id")
+        if request.direction not in pb.PageDirection.values():
+            raise BadRequest("direction", "is not a known page direction")
+        newer = request.direction == pb.PAGE_DIRECTION_NEWER
+        size = page_size(validation.non_negative(request.page_size, "page_size"), default=32, maximum=200)
+        async with self._db.connection() as connection:
+            rows, has_older, has_newer = await messages.page(connection, owner, session_id, anchor, newer, size)
+            page = await _with_media_types(connection, rows)
+        return api.ListMessagePageResponse(messages=page, has_older=has_older, has_newer=has_newer)
+
+    async def EditUserMessage(
+        self, request: api.EditUserMessageRequest, context: Context
+    ) -> api.EditUserMessageResponse:
+        owner = acting_user(context)
+        session_id = validation.session_id(request.session_id)
+        message_id = validation.non_negative(request.message_id, "message_id")
+        content = validation.content_parts(request.content, "content")
+        if not content:
+            raise BadRequest("content", "must not be empty")
+        expected = validation.non_negative(request.expected_history_generation, "expected_history_generation")
+        async with self._db.transaction() as connection:
+            row, generation, removed, event_id = await messages.edit_user_message(
+                connection, owner, session_id, message_id, content, expected or None
+            )
+            (edited,) = await _with_media_types(connection, [row])
+        self._bell.ring()
+        return api.EditUserMessageResponse(
+            message=edited, history_generation=generation, deleted_message_count=removed, event_id=event_id
+        )
+
+    # Attachments
+
+    async def UploadAttachment(
+        self, request_iterator: AsyncIterator[api.UploadAttachmentRequest], context: Context
+    ) -> api.UploadAttachmentResponse:
+        owner = acting_user(context)
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("frame") != "header":
+            raise BadRequest("header", "the first frame must be the upload header")
+        header = first.header
+        session_id = validation.session_id(header.session_id, "header.session_id")
+        attachments.check_header(header.media_type, header.file_name)
+        declared = validation.non_negative(header.size_bytes, "header.size_bytes")
+        limit = self._settings.max_attachment_bytes
+        if declared > limit:
+            raise attachments.AttachmentTooLarge(
+                f"attachments are limited to {limit} bytes", metadata={"max_bytes": limit}
+            )
+        async with self._db.connection() as connection:
+            await sessions.load(connection, owner, session_id)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            async for frame in request_iterator:
+                if frame.WhichOneof("frame") != "chunk":
+                    raise BadRequest("chunk", "only the first frame may be a header")
+                yield frame.chunk
+
+        stored = await self._store.receive(chunks(), limit)
+        if declared and stored.size_bytes != declared:
+            raise BadRequest("header.size_bytes", f"declared {declared} bytes but {stored.size_bytes} arrived")
+        async with self._db.transaction() as connection:
+            row = await attachments.record(connection, owner, session_id, header.media_type, header.file_name, stored)
+        return api.UploadAttachmentResponse(attachment=convert.attachment(row))
+
+    async def GetAttachment(self, request: api.GetAttachmentRequest, context: Context) -> api.GetAttachmentResponse:
+        owner = acting_user(context)
+        attachment_id = validation.session_id(request.attachment_id, "attachment_id")
+        async with self._db.connection() as connection:
+            row = await attachments.load(connection, owner, attachment_id)
+        return api.GetAttachmentResponse(attachment=convert.attachment(row))
+
+    async def DownloadAttachment(
+        self, request: api.DownloadAttachmentRequest, context: Context
+    ) -> AsyncIterator[api.DownloadAttachmentResponse]:
+        owner = acting_user(context)
+        attachment_id = validation.session_id(request.attachment_id, "attachment_id")
+        async with self._db.connection() as connection:
+            row = await attachments.load(connection, owner, attachment_id)
+        first = True
+        async for chunk in self._store.read(row["sha256"]):
+            header = convert.attachment(row) if first else None
+            yield api.DownloadAttachmentResponse(attachment=header, chunk=chunk)
+            first = False
+        if first:
+            yield api.DownloadAttachmentResponse(attachment=convert.attachment(row))
+
+    # Execution gate
+
+    async def AcquireClaims(self, request: api.AcquireClaimsRequest, context: Context) -> api.AcquireClaimsResponse:
+        owner = acting_user(context)
+        if not request.session_ids:
+            raise BadRequest("session_ids", "must name at least one session")
+        if len(request.session_ids) > self._settings.max_sessions_per_claim:
+            raise BadRequest("session_ids", f"must name at most {self._settings.max_sessions_per_claim} sessions")
+        session_ids = [validation.session_id(s, f"session_ids[{i}]") for i, s in enumerate(request.session_ids)]
+        kind = validation.claim_kind(request.kind)
+        holder = validation.holder(request.holder)
+        ttl = validation.ttl_ms(request.ttl)
+        async with self._db.transaction() as connection:
+            held = await claims.acquire(connection, owner, session_ids, kind, holder, ttl)
+        return api.AcquireClaimsResponse(claim=convert.claim(held))
+
+    async def RenewClaims(self, request: api.RenewClaimsRequest, context: Context) -> api.RenewClaimsResponse:
+        owner = acting_user(context)
+        claim_id = validation.session_id(request.claim_id, "claim_id")
+        ttl = validation.ttl_ms(request.ttl)
+        async with self._db.transaction() as connection:
+            held = await claims.renew(connection, owner, claim_id, ttl)
+        return api.RenewClaimsResponse(claim=convert.claim(held))
+
+    async def ReleaseClaims(self, request: api.ReleaseClaimsRequest, context: Context) -> api.ReleaseClaimsResponse:
+        owner = acting_user(context)
+        claim_id = validation.session_id(request.claim_id, "claim_id")
+        async with self._db.transaction() as connection:
+            released = await claims.release(connection, owner, claim_id)
+        return api.ReleaseClaimsResponse(released=released)
+
+    # Events
+
+    async def ListSessionEvents(
+        self, request: api.ListSessionEventsRequest, context: Context
+    ) -> api.ListSessionEventsResponse:
+        owner = _optional_user(context)
+        after = validation.non_negative(request.after_event_id, "after_event_id")
+        size = page_size(validation.non_negative(request.page_size, "page_size"), default=100, maximum=1000)
+        parameters = {"rpc": "ListSessionEvents", "owner": owner, "after": after}
+        cursor = _cursor(request.page_token, parameters)
+        async with self._db.connection() as connection:
+            rows = await events.list_after(connection, after if cursor is None else int(cursor), size + 1, owner)
+        token = ""
+        if len(rows) > size:
+            rows = rows[:size]
+            token = encode_page_token(rows[-1]["event_id"], parameters)
+        return api.ListSessionEventsResponse(events=[convert.event(r) for r in rows], next_page_token=token)
+
+    async def WatchSessionEvents(
+        self, request: api.WatchSessionEventsRequest, context: Context
+    ) -> AsyncIterator[api.WatchSessionEventsResponse]:
+        owner = _optional_user(context)
+        cursor = validation.non_negative(request.after_event_id, "after_event_id")
+        while True:
+            async with self._db.connection() as connection:
+                rows = await events.list_after(connection, cursor, 500, owner)
+            for row in rows:
+                cursor = row["event_id"]
+                yield api.WatchSessionEventsResponse(event=convert.event(row))
+            if not rows:
+                await self._bell.wait(self._settings.events_poll_seconds)

@@ -1,0 +1,190 @@
+"""Request validation: every field checked before anything is written; errors name the field."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.struct_pb2 import Struct
+
+from continuum.transcript.v1 import resources_pb2 as pb
+from continuum_transcript.errors import BadRequest
+from continuum_transcript.settings import TranscriptSettings
+
+ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MAX_TITLE_CHARS = 1_000
+MAX_MODEL_CHARS = 200
+MAX_PATH_CHARS = 4_096
+MAX_METADATA_BYTES = 64 * 1024
+MAX_TOOL_CALL_ID_CHARS = 256
+MAX_TOOL_NAME_CHARS = 256
+MAX_HOLDER_CHARS = 256
+MIN_TTL_SECONDS = 1
+MAX_TTL_SECONDS = 3_600
+
+
+def session_id(value: str, field: str = "session_id") -> str:
+    """A session id: letters, digits, '-' and '_', 1 to 64 characters."""
+    if not ID_PATTERN.match(value):
+        raise BadRequest(field, "must be 1-64 characters of letters, digits, '-' or '_'")
+    return value
+
+
+def optional_session_id(value: str, field: str) -> str | None:
+    """Empty means absent; anything else must be a valid id."""
+    return session_id(value, field) if value else None
+
+
+def text(value: str, field: str, max_chars: int) -> str:
+    """Free text without NUL (PostgreSQL text columns refuse it) and within a length limit."""
+    if len(value) > max_chars:
+        raise BadRequest(field, f"must be at most {max_chars} characters")
+    if "\x00" in value:
+        raise BadRequest(field, "must not contain NUL characters")
+    return value
+
+
+def metadata(value: Struct, field: str = "metadata") -> dict[str, Any]:
+    """A JSON object of at most 64 KiB."""
+    as_dict: dict[str, Any] = json_format.MessageToDict(value)
+    if len(json.dumps(as_dict).encode()) > MAX_METADATA_BYTES:
+        raise BadRequest(field, f"must serialize to at most {MAX_METADATA_BYTES} bytes")
+    return as_dict
+
+
+def non_negative(value: int, field: str) -> int:
+    """Sizes, cursors and ids given by callers are never negative."""
+    if value < 0:
+        raise BadRequest(field, "must not be negative")
+    return value
+
+
+def session_kind(value: int, field: str = "kind") -> int:
+    """Unspecified means CHAT; unknown numbers are refused."""
+    if value == pb.SESSION_KIND_UNSPECIFIED:
+        return int(pb.SESSION_KIND_CHAT)
+    if value not in pb.SessionKind.values():
+        raise BadRequest(field, "is not a known session kind")
+    return value
+
+
+def claim_kind(value: int, field: str = "kind") -> int:
+    """The kind must be stated: run, merge or compaction."""
+    if value == pb.CLAIM_KIND_UNSPECIFIED or value not in pb.ClaimKind.values():
+        raise BadRequest(field, "must be CLAIM_KIND_RUN, CLAIM_KIND_MERGE or CLAIM_KIND_COMPACTION")
+    return value
+
+
+def ttl_ms(value: Duration, field: str = "ttl") -> int:
+    """A lease length between 1 s and 1 h."""
+    seconds = value.seconds + value.nanos / 1e9
+    if not MIN_TTL_SECONDS <= seconds <= MAX_TTL_SECONDS:
+        raise BadRequest(field, f"must be between {MIN_TTL_SECONDS} s and {MAX_TTL_SECONDS} s")
+    return int(seconds * 1000)
+
+
+def holder(value: str, field: str = "holder") -> str:
+    """Who holds a claim, for diagnostics; required."""
+    if not value:
+        raise BadRequest(field, "must name the claim's holder")
+    return text(value, field, MAX_HOLDER_CHARS)
+
+
+@dataclass(frozen=True)
+class MessageRow:
+    """A validated message ready to insert (JSON-shaped content, tool calls and metadata)."""
+
+    role: int
+    content: list[dict[str, Any]]
+    tool_calls: list[dict[str, str]]
+    tool_call_id: str
+    metadata: dict[str, Any]
+    status: int
+
+    def attachment_ids(self) -> list[str]:
+        """Attachments the content refers to."""
+        return [part["attachment"]["attachment_id"] for part in self.content if "attachment" in part]
+
+
+def content_parts(parts: Any, field: str) -> list[dict[str, Any]]:
+    """Text parts and attachment references; a part must set one of them."""
+    result: list[dict[str, Any]] = []
+    for index, part in enumerate(parts):
+        which = part.WhichOneof("part")
+        if which == "text":
+            result.append({"text": part.text})
+        elif which == "attachment":
+            attachment_id = part.attachment.attachment_id
+            if not ID_PATTERN.match(attachment_id):
+                raise BadRequest(f"{field}[{index}].attachment.attachment_id", "is not a valid attachment id")
+            result.append({"attachment": {"attachment_id": attachment_id}})
+        else:
+            raise BadRequest(f"{field}[{index}]", "must set text or attachment")
+    return result
+
+
+def new_message(message: pb.NewMessage, field: str, settings: TranscriptSettings) -> MessageRow:
+    """Check one message of an append batch against the role rules and size limits."""
+    size = message.ByteSize()
+    if size > settings.max_message_bytes:
+        raise BadRequest(field, f"is {size} bytes; the limit is {settings.max_message_bytes}")
+    role = message.role
+    if role == pb.MESSAGE_ROLE_UNSPECIFIED or role not in pb.MessageRole.values():
+        raise BadRequest(f"{field}.role", "must be USER, ASSISTANT, TOOL or SYSTEM")
+    status = message.status or pb.MESSAGE_STATUS_COMPLETE
+    if status not in pb.MessageStatus.values():
+        raise BadRequest(f"{field}.status", "is not a known message status")
+    content = content_parts(message.content, f"{field}.content")
+    tool_calls = _tool_calls(message, role, field)
+    if role == pb.MESSAGE_ROLE_TOOL:
+        if not message.tool_call_id:
+            raise BadRequest(f"{field}.tool_call_id", "is required on a TOOL message")
+        text(message.tool_call_id, f"{field}.tool_call_id", MAX_TOOL_CALL_ID_CHARS)
+    elif message.tool_call_id:
+        raise BadRequest(f"{field}.tool_call_id", "is only allowed on a TOOL message")
+    if not content and not tool_calls and status == pb.MESSAGE_STATUS_COMPLETE:
+        raise BadRequest(f"{field}.content", "must not be empty")
+    return MessageRow(
+        role=role,
+        content=content,
+        tool_calls=tool_calls,
+        tool_call_id=message.tool_call_id,
+        metadata=metadata(message.metadata, f"{field}.metadata"),
+        status=status,
+    )
+
+
+def _tool_calls(message: pb.NewMessage, role: int, field: str) -> list[dict[str, str]]:
+    if message.tool_calls and role != pb.MESSAGE_ROLE_ASSISTANT:
+        raise BadRequest(f"{field}.tool_calls", "are only allowed on an ASSISTANT message")
+    seen: set[str] = set()
+    calls = []
+    for index, call in enumerate(message.tool_calls):
+        where = f"{field}.tool_calls[{index}]"
+        if not call.tool_call_id:
+            raise BadRequest(f"{where}.tool_call_id", "is required")
+        text(call.tool_call_id, f"{where}.tool_call_id", MAX_TOOL_CALL_ID_CHARS)
+        if call.tool_call_id in seen:
+            raise BadRequest(f"{where}.tool_call_id", "repeats another tool call of this message")
+        seen.add(call.tool_call_id)
+        if not call.name:
+            raise BadRequest(f"{where}.name", "is required")
+        text(call.name, f"{where}.name", MAX_TOOL_NAME_CHARS)
+        calls.append({"tool_call_id": call.tool_call_id, "name": call.name, "arguments": call.arguments})
+    return calls
+
+
+def append_batch(messages: Any, settings: TranscriptSettings) -> list[MessageRow]:
+    """A whole append batch: 1..max messages, within the batch byte limit."""
+    if not messages:
+        raise BadRequest("messages", "must contain at least one message")
+    if len(messages) > settings.max_batch_messages:
+        raise BadRequest("messages", f"must contain at most {settings.max_batch_messages} messages")
+    total = sum(message.ByteSize() for message in messages)
+    if total > settings.max_batch_bytes:
+        raise BadRequest("messages", f"total {total} bytes; the limit is {settings.max_batch_bytes}")
+    return [new_message(message, f"messages[{index}]", settings) for index, message in enumerate(messages)]
