@@ -199,9 +199,9 @@ class TranscriptServicer(api_grpc.TranscriptServiceServicer):
         owner = acting_user(context)
         session_id = validation.session_id(request.session_id)
         anchor = validation.non_negative(request.anchor_message_id, "anchor_message_id")
-        if request.direction not in pb.PageDirection.values():
+        if request.direction not in api.PageDirection.values():
             raise BadRequest("direction", "is not a known page direction")
-        newer = request.direction == pb.PAGE_DIRECTION_NEWER
+        newer = request.direction == api.PAGE_DIRECTION_NEWER
         size = page_size(validation.non_negative(request.page_size, "page_size"), default=32, maximum=200)
         async with self._db.connection() as connection:
             rows, has_older, has_newer = await messages.page(connection, owner, session_id, anchor, newer, size)

@@ -1,0 +1,207 @@
+"""Messages: atomic batches, real increasing ids, reads after a boundary, pages, edits."""
+
+from __future__ import annotations
+
+import grpc
+
+from continuum.transcript.v1 import resources_pb2 as pb
+from continuum.transcript.v1 import transcript_service_pb2 as api
+from transcript_testing import TranscriptClient, assistant, refused, tool, user
+
+
+async def _session(client: TranscriptClient, session_id: str = "s") -> str:
+    await client.stub.CreateSession(api.CreateSessionRequest(session_id=session_id), metadata=client.as_user("alice"))
+    return session_id
+
+
+async def _append(client: TranscriptClient, session_id: str, *messages: pb.NewMessage) -> list[int]:
+    response = await client.stub.AppendMessages(
+        api.AppendMessagesRequest(session_id=session_id, messages=list(messages)), metadata=client.as_user("alice")
+    )
+    return [m.message_id for m in response.messages]
+
+
+async def _all_after(client: TranscriptClient, session_id: str, after: int, page_size: int = 0) -> list[pb.Message]:
+    found: list[pb.Message] = []
+    token = ""
+    while True:
+        page = await client.stub.ListMessagesAfter(
+            api.ListMessagesAfterRequest(
+                session_id=session_id, after_message_id=after, page_size=page_size, page_token=token
+            ),
+            metadata=client.as_user("alice"),
+        )
+        found += page.messages
+        token = page.next_page_token
+        if not token:
+            return found
+
+
+async def test_batch_gets_increasing_ids_and_round_trips(transcript: TranscriptClient) -> None:
+    sid = await _session(transcript)
+    sent = [user("run the tests"), assistant("running", "call-1"), tool("call-1", "ok\x00binary"), assistant("done")]
+    sent[2].metadata.update({"exitCode": 0})
+    ids = await _append(transcript, sid, *sent)
+    assert ids == sorted(ids) and len(set(ids)) == 4
+    stored = await _all_after(transcript, sid, 0)
+    assert [m.message_id for m in stored] == ids
+    assert [m.content[0].text for m in stored] == ["run the tests", "running", "ok\x00binary", "done"]
+    assert stored[1].tool_calls[0].tool_call_id == "call-1" and stored[2].tool_call_id == "call-1"
+    assert stored[2].metadata["exitCode"] == 0
+    assert all(m.status == pb.MESSAGE_STATUS_COMPLETE and not m.deleted for m in stored)
+
+
+async def test_list_after_reads_everything_past_the_boundary_in_pages(transcript: TranscriptClient) -> None:
+    sid = await _session(transcript)
+    ids: list[int] = []
+    for start in range(0, 120, 40):
+        ids += await _append(transcript, sid, *[user(f"m{i}") for i in range(start, start + 40)])
+    other = await _session(transcript, "other")
+    await _append(transcript, other, user("elsewhere"))
+    boundary = ids[49]
+    after = await _all_after(transcript, sid, boundary, page_size=7)
+    assert [m.message_id for m in after] == ids[50:]
+    assert await _all_after(transcript, sid, ids[-1]) == []
+
+
+async def test_a_five_megabyte_tool_output_is_ordinary(transcript: TranscriptClient) -> None:
+    sid = await _session(transcript)
+    big = "x" * (5 * 1024 * 1024)
+    ids = await _append(transcript, sid, user("cat big.log"), assistant("", "c"), tool("c", big))
+    got = await transcript.stub.GetMessage(
+        api.GetMessageRequest(session_id=sid, message_id=ids[2]), metadata=transcript.as_user("alice")
+    )
+    assert len(got.message.content[0].text) == len(big)
+
+
+async def test_malformed_batches_are_refused_whole(transcript: TranscriptClient) -> None:
+    sid = await _session(transcript)
+    alice = transcript.as_user("alice")
+    oversize = "y" * (transcript.settings.max_message_bytes + 1)
+    bad_messages = {
+        "messages[1].role": pb.NewMessage(content=[pb.ContentPart(text="no role")]),
+        "messages[1].tool_call_id": pb.NewMessage(role=pb.MESSAGE_ROLE_TOOL, content=[pb.ContentPart(text="r")]),
+        "messages[1].tool_calls": pb.NewMessage(
+            role=pb.MESSAGE_ROLE_USER,
+            content=[pb.ContentPart(text="u")],
+            tool_calls=[pb.ToolCall(tool_call_id="c", name="n")],
+        ),
+        "messages[1].content": pb.NewMessage(role=pb.MESSAGE_ROLE_USER),
+        "messages[1].content[0]": pb.NewMessage(role=pb.MESSAGE_ROLE_USER, content=[pb.ContentPart()]),
+        "messages[1]": user(oversize),
+        "messages[1].tool_calls[1].tool_call_id": assistant("dup", "c", "c"),
+    }
+    for field, bad in bad_messages.items():
+        details = await refused(
+            transcript.stub.AppendMessages(
+                api.AppendMessagesRequest(session_id=sid, messages=[user("fine"), bad, user("fine too")]),
+                metadata=alice,
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_ARGUMENT",
+        )
+        assert details.violations[0].field == field
+    await refused(
+        transcript.stub.AppendMessages(api.AppendMessagesRequest(session_id=sid), metadata=alice),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_ARGUMENT",
+    )
+    await refused(
+        transcript.stub.AppendMessages(
+            api.AppendMessagesRequest(
+                session_id=sid,
+                messages=[user("x"), pb.NewMessage(
+                    role=pb.MESSAGE_ROLE_USER,
+                    content=[pb.ContentPart(attachment=pb.AttachmentReference(attachment_id="nope"))],
+                )],
+            ),
+            metadata=alice,
+        ),
+        grpc.StatusCode.NOT_FOUND,
+        "ATTACHMENT_NOT_FOUND",
+    )
+    assert await _all_after(transcript, sid, 0) == []
+
+
+async def test_pages_around_an_anchor(transcript: TranscriptClient) -> None:
+    sid = await _session(transcript)
+    ids = await _append(transcript, sid, *[user(f"m{i}") for i in range(100)])
+    alice = transcript.as_user("alice")
+    latest = await transcript.stub.ListMessagePage(api.ListMessagePageRequest(session_id=sid), metadata=alice)
+    assert [m.message_id for m in latest.messages] == ids[-32:]
+    assert latest.has_older and not latest.has_newer
+    older = await transcript.stub.ListMessagePage(
+        api.ListMessagePageRequest(session_id=sid, anchor_message_id=ids[-32]), metadata=alice
+    )
+    assert [m.message_id for m in older.messages] == ids[-64:-32] and older.has_older and older.has_newer
+    newer = await transcript.stub.ListMessagePage(
+        api.ListMessagePageRequest(
+            session_id=sid, anchor_message_id=ids[10], direction=api.PAGE_DIRECTION_NEWER, page_size=5
+        ),
+        metadata=alice,
+    )
+    assert [m.message_id for m in newer.messages] == ids[11:16] and newer.has_older and newer.has_newer
+    first = await transcript.stub.ListMessagePage(
+        api.ListMessagePageRequest(session_id=sid, anchor_message_id=ids[3]), metadata=alice
+    )
+    assert [m.message_id for m in first.messages] == ids[:3] and not first.has_older
+
+
+async def test_edit_rewrites_history_in_one_transaction(transcript: TranscriptClient) -> None:
+    sid = await _session(transcript)
+    alice = transcript.as_user("alice")
+    ids = await _append(transcript, sid, user("first"), assistant("a1"), user("second"), assistant("a2"))
+    edited = await transcript.stub.EditUserMessage(
+        api.EditUserMessageRequest(
+            session_id=sid, message_id=ids[0], content=[pb.ContentPart(text="first, reworded")],
+            expected_history_generation=1,
+        ),
+        metadata=alice,
+    )
+    assert edited.history_generation == 2 and edited.deleted_message_count == 3 and edited.event_id > 0
+    assert edited.message.content[0].text == "first, reworded"
+    assert [m.message_id for m in await _all_after(transcript, sid, 0)] == [ids[0]]
+    removed = await transcript.stub.GetMessage(api.GetMessageRequest(session_id=sid, message_id=ids[1]), metadata=alice)
+    assert removed.message.deleted
+    events = await transcript.stub.ListSessionEvents(api.ListSessionEventsRequest(), metadata=transcript.system)
+    (event,) = events.events
+    assert event.type == pb.SESSION_EVENT_TYPE_HISTORY_REWRITTEN
+    assert (event.edited_message_id, event.history_generation) == (ids[0], 2)
+
+
+async def test_edit_refusals_change_nothing(transcript: TranscriptClient) -> None:
+    sid = await _session(transcript)
+    alice = transcript.as_user("alice")
+    ids = await _append(transcript, sid, user("q"), assistant("a"), user("q2"))
+
+    def edit(message_id: int, generation: int = 0) -> object:
+        return transcript.stub.EditUserMessage(
+            api.EditUserMessageRequest(
+                session_id=sid, message_id=message_id, content=[pb.ContentPart(text="new")],
+                expected_history_generation=generation,
+            ),
+            metadata=alice,
+        )
+
+    await refused(edit(ids[1]), grpc.StatusCode.FAILED_PRECONDITION, "MESSAGE_NOT_EDITABLE")  # type: ignore[arg-type]
+    await refused(edit(ids[0], generation=7), grpc.StatusCode.ABORTED, "HISTORY_GENERATION_MISMATCH")  # type: ignore[arg-type]
+    await refused(edit(999_999), grpc.StatusCode.NOT_FOUND, "MESSAGE_NOT_FOUND")  # type: ignore[arg-type]
+    stored = await _all_after(transcript, sid, 0)
+    assert [m.content[0].text for m in stored] == ["q", "a", "q2"]
+    session = await transcript.stub.GetSession(api.GetSessionRequest(session_id=sid), metadata=alice)
+    assert session.session.history_generation == 1
+    events = await transcript.stub.ListSessionEvents(api.ListSessionEventsRequest(), metadata=transcript.system)
+    assert list(events.events) == []
+
+
+async def test_get_message_of_another_session_is_not_found(transcript: TranscriptClient) -> None:
+    first = await _session(transcript, "one")
+    second = await _session(transcript, "two")
+    (message_id,) = await _append(transcript, first, user("hello"))
+    await refused(
+        transcript.stub.GetMessage(
+            api.GetMessageRequest(session_id=second, message_id=message_id), metadata=transcript.as_user("alice")
+        ),
+        grpc.StatusCode.NOT_FOUND,
+        "MESSAGE_NOT_FOUND",
+    )
