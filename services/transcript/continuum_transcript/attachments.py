@@ -43,8 +43,11 @@ class AttachmentStore:
         """Where bytes with this digest live."""
         return self.root / sha256[:2] / sha256
 
-    async def receive(self, chunks: AsyncIterator[bytes], max_bytes: int) -> StoredBytes:
-        """Write `chunks` durably; refuse (and discard) anything over `max_bytes`."""
+    async def receive(
+        self, chunks: AsyncIterator[bytes], max_bytes: int, *, expected_size: int | None = None
+    ) -> StoredBytes:
+        """Write `chunks` durably; refuse (and discard) anything over `max_bytes` or of another
+        size than the caller declared."""
         scratch_dir = self.root / "incoming"
         await asyncio.to_thread(scratch_dir.mkdir, parents=True, exist_ok=True)
         scratch = scratch_dir / uuid.uuid4().hex
@@ -60,6 +63,8 @@ class AttachmentStore:
                     )
                 digest.update(chunk)
                 await asyncio.to_thread(handle.write, chunk)
+            if expected_size is not None and size != expected_size:
+                raise BadRequest("header.size_bytes", f"declared {expected_size} bytes but {size} arrived")
             await asyncio.to_thread(_flush, handle)
         except BaseException:
             handle.close()

@@ -55,7 +55,7 @@ async def _with_media_types(connection: AsyncConnection, rows: Sequence[RowMappi
                 attachments_table.c.attachment_id.in_(ids)
             )
         )
-        known = {attachment_id: media_type for attachment_id, media_type in found.tuples()}
+        known = {attachment_id: media_type for attachment_id, media_type in found}
     return [convert.message(row, known) for row in rows]
 
 
@@ -255,9 +255,7 @@ class TranscriptServicer(api_grpc.TranscriptServiceServicer):
                     raise BadRequest("chunk", "only the first frame may be a header")
                 yield frame.chunk
 
-        stored = await self._store.receive(chunks(), limit)
-        if declared and stored.size_bytes != declared:
-            raise BadRequest("header.size_bytes", f"declared {declared} bytes but {stored.size_bytes} arrived")
+        stored = await self._store.receive(chunks(), limit, expected_size=declared or None)
         async with self._db.transaction() as connection:
             row = await attachments.record(connection, owner, session_id, header.media_type, header.file_name, stored)
         return api.UploadAttachmentResponse(attachment=convert.attachment(row))

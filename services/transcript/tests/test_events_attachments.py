@@ -1,0 +1,132 @@
+"""The session events outbox (list, watch, resume, ordering) and attachment bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+import grpc
+import pytest
+
+from continuum.transcript.v1 import resources_pb2 as pb
+from continuum.transcript.v1 import transcript_service_pb2 as api
+from transcript_testing import TranscriptClient, refused, user
+
+
+async def _create(client: TranscriptClient, session_id: str, owner: str = "alice") -> None:
+    await client.stub.CreateSession(api.CreateSessionRequest(session_id=session_id), metadata=client.as_user(owner))
+
+
+async def _delete(client: TranscriptClient, session_id: str, owner: str = "alice") -> int:
+    response = await client.stub.DeleteSession(
+        api.DeleteSessionRequest(session_id=session_id), metadata=client.as_user(owner)
+    )
+    return response.event_id
+
+
+async def test_watch_streams_backlog_then_live_events_and_resumes(transcript: TranscriptClient) -> None:
+    for name in ("one", "two", "three"):
+        await _create(transcript, name)
+    first = await _delete(transcript, "one")
+    stream = transcript.stub.WatchSessionEvents(api.WatchSessionEventsRequest(), metadata=transcript.system)
+    received = [(await stream.read()).event]  # type: ignore[union-attr]
+    assert received[0].event_id == first and list(received[0].deleted_session_ids) == ["one"]
+    second = await _delete(transcript, "two")
+    received.append((await asyncio.wait_for(stream.read(), 10)).event)  # type: ignore[union-attr]
+    assert received[1].event_id == second and received[1].type == pb.SESSION_EVENT_TYPE_DELETED
+    stream.cancel()
+    third = await _delete(transcript, "three")
+    resumed = transcript.stub.WatchSessionEvents(
+        api.WatchSessionEventsRequest(after_event_id=second), metadata=transcript.system
+    )
+    assert (await asyncio.wait_for(resumed.read(), 10)).event.event_id == third  # type: ignore[union-attr]
+    resumed.cancel()
+
+
+async def test_events_are_filtered_for_an_acting_user(transcript: TranscriptClient) -> None:
+    await _create(transcript, "a", "alice")
+    await _create(transcript, "b", "bob")
+    await _delete(transcript, "a", "alice")
+    bobs = await _delete(transcript, "b", "bob")
+    mine = await transcript.stub.ListSessionEvents(api.ListSessionEventsRequest(), metadata=transcript.as_user("bob"))
+    assert [e.event_id for e in mine.events] == [bobs]
+    everything = await transcript.stub.ListSessionEvents(
+        api.ListSessionEventsRequest(page_size=1), metadata=transcript.system
+    )
+    assert len(everything.events) == 1 and everything.next_page_token
+    rest = await transcript.stub.ListSessionEvents(
+        api.ListSessionEventsRequest(page_size=1, page_token=everything.next_page_token), metadata=transcript.system
+    )
+    assert [e.event_id for e in rest.events] == [bobs]
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+async def test_concurrent_writers_commit_events_in_id_order(transcript: TranscriptClient) -> None:
+    names = [f"s{i}" for i in range(30)]
+    for name in names:
+        await _create(transcript, name)
+    stream = transcript.stub.WatchSessionEvents(api.WatchSessionEventsRequest(), metadata=transcript.system)
+    ids = await asyncio.gather(*[_delete(transcript, name) for name in names])
+    seen = [(await asyncio.wait_for(stream.read(), 10)).event.event_id for _ in names]  # type: ignore[union-attr]
+    stream.cancel()
+    # A watcher never skips an event: it sees every id exactly once, in increasing order.
+    assert seen == sorted(ids)
+
+
+async def _upload(client: TranscriptClient, session_id: str, data: bytes, **header: object) -> api.UploadAttachmentResponse:
+    """Stream an upload the way a careful client does: stop writing once the server has answered."""
+    call = client.stub.UploadAttachment(metadata=client.as_user("alice"))
+    fields: dict[str, object] = {"session_id": session_id, "media_type": "image/png", "file_name": "a.png", **header}
+    frames = [api.UploadAttachmentRequest(header=api.UploadAttachmentHeader(**fields))]  # type: ignore[arg-type]
+    frames += [api.UploadAttachmentRequest(chunk=data[i : i + 64 * 1024]) for i in range(0, len(data), 64 * 1024)]
+    try:
+        for frame in frames:
+            await call.write(frame)
+        await call.done_writing()
+    except asyncio.InvalidStateError:
+        pass  # the server already ended the call; its status follows
+    return await call  # type: ignore[no-any-return]
+
+
+async def test_attachment_round_trip_and_reference(transcript: TranscriptClient) -> None:
+    await _create(transcript, "s")
+    data = bytes(range(256)) * 4096
+    attachment = (await _upload(transcript, "s", data, size_bytes=len(data))).attachment
+    assert attachment.size_bytes == len(data) and attachment.sha256 == hashlib.sha256(data).hexdigest()
+    downloaded = b""
+    async for frame in transcript.stub.DownloadAttachment(
+        api.DownloadAttachmentRequest(attachment_id=attachment.attachment_id), metadata=transcript.as_user("alice")
+    ):
+        downloaded += frame.chunk
+    assert downloaded == data
+    reference = pb.ContentPart(attachment=pb.AttachmentReference(attachment_id=attachment.attachment_id))
+    message = pb.NewMessage(role=pb.MESSAGE_ROLE_USER, content=[pb.ContentPart(text="look"), reference])
+    stored = await transcript.stub.AppendMessages(
+        api.AppendMessagesRequest(session_id="s", messages=[message]), metadata=transcript.as_user("alice")
+    )
+    assert stored.messages[0].content[1].attachment.media_type == "image/png"
+    await refused(
+        transcript.stub.GetAttachment(
+            api.GetAttachmentRequest(attachment_id=attachment.attachment_id), metadata=transcript.as_user("bob")
+        ),
+        grpc.StatusCode.PERMISSION_DENIED,
+        "SESSION_PERMISSION_DENIED",
+    )
+
+
+async def test_oversize_or_malformed_uploads_leave_nothing(transcript: TranscriptClient) -> None:
+    await _create(transcript, "s")
+    limit = transcript.settings.max_attachment_bytes
+    await refused(
+        _upload(transcript, "s", b"x" * (limit + 1)), grpc.StatusCode.INVALID_ARGUMENT, "ATTACHMENT_TOO_LARGE"
+    )
+    await refused(
+        _upload(transcript, "s", b"x", size_bytes=limit + 1), grpc.StatusCode.INVALID_ARGUMENT, "ATTACHMENT_TOO_LARGE"
+    )
+    await refused(_upload(transcript, "s", b"abc", size_bytes=4), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT")
+    await refused(
+        _upload(transcript, "s", b"abc", media_type="not a type"), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"
+    )
+    store = transcript.settings.resolved_attachments_dir()
+    leftovers = [p for p in store.rglob("*") if p.is_file()] if store.exists() else []
+    assert leftovers == []
