@@ -38,7 +38,7 @@ def bearer_matches(metadata: Sequence[tuple[str, str | bytes]] | None, token: st
     return False
 
 
-def acting_user(context: grpc.aio.ServicerContext[object, object]) -> str:
+def acting_user(context: grpc.aio.ServicerContext) -> str:
     """The user a call acts for; UNAUTHENTICATED when absent or malformed."""
     for key, value in context.invocation_metadata() or ():
         if key == ACTING_USER_KEY and isinstance(value, str) and _USER_PATTERN.match(value):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 from grpc_status import rpc_status
@@ -17,11 +17,11 @@ logger = logging.getLogger("continuum.rpc")
 # Health and reflection answer without a credential so probes and tools work.
 OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
-Handler = grpc.RpcMethodHandler
+Handler: TypeAlias = grpc.RpcMethodHandler
 Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]]
 
 
-async def abort_with(context: grpc.aio.ServicerContext[Any, Any], error: ServiceError | None) -> None:
+async def abort_with(context: grpc.aio.ServicerContext, error: ServiceError | None) -> None:
     """End the call with `error`'s status, or a bare INTERNAL for anything unexpected."""
     status = error.to_status() if error is not None else internal_status()
     converted = rpc_status.to_status(status)
@@ -68,7 +68,7 @@ def _wrap(handler: Handler, method: str) -> Handler:
     if handler.unary_unary is not None or handler.stream_unary is not None:
         inner = handler.unary_unary or handler.stream_unary
 
-        async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
                 return await inner(request, context)
             except Exception as error:
@@ -80,7 +80,7 @@ def _wrap(handler: Handler, method: str) -> Handler:
 
     inner_stream = handler.unary_stream or handler.stream_stream
 
-    async def streaming(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+    async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         try:
             async for response in inner_stream(request, context):
                 yield response
@@ -95,12 +95,12 @@ def _wrap(handler: Handler, method: str) -> Handler:
 def _replace_behaviour(handler: Handler, error: ServiceError) -> Handler:
     if handler.unary_unary is not None or handler.stream_unary is not None:
 
-        async def refuse(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
             await abort_with(context, error)
 
         return _rebuild(handler, refuse)
 
-    async def refuse_stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+    async def refuse_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         await abort_with(context, error)
         yield None  # pragma: no cover - abort raises
 

@@ -66,7 +66,7 @@ async def start_server(
 ) -> GrpcService:
     """Build and start the server; `register` adds servicers and returns their full service names."""
     interceptors: list[grpc.aio.ServerInterceptor] = [
-        aio_server_interceptor(
+        aio_server_interceptor(  # type: ignore[no-untyped-call]
             tracer_provider=tracer_provider,
             filter_=filters.negate(filters.any_of(filters.health_check(), filters.service_prefix("grpc.reflection"))),
         ),

@@ -95,7 +95,7 @@ def claim(held: HeldClaim) -> pb.Claim:
     """The Claim resource."""
     return pb.Claim(
         claim_id=held.claim_id,
-        kind=held.kind,
+        kind=pb.ClaimKind.ValueType(held.kind),
         holder=held.holder,
         session_ids=held.session_ids,
         root_session_ids=held.root_session_ids,

@@ -6,7 +6,7 @@ Handlers raise TranscriptError; the runtime's interceptor maps it to a status. N
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 from sqlalchemy import RowMapping, select
@@ -19,11 +19,11 @@ from continuum_runtime.auth import ACTING_USER_KEY, acting_user
 from continuum_runtime.database import Database
 from continuum_runtime.paging import PageTokenError, decode_page_token, encode_page_token, page_size
 from continuum_transcript import attachments, claims, convert, events, messages, sessions, validation
-from continuum_transcript.errors import BadRequest, PageTokenInvalid
+from continuum_transcript.errors import AttachmentTooLarge, BadRequest, PageTokenInvalid
 from continuum_transcript.settings import TranscriptSettings
 from continuum_transcript.tables import attachments as attachments_table
 
-Context = grpc.aio.ServicerContext[Any, Any]
+Context: TypeAlias = grpc.aio.ServicerContext
 
 # A page of messages stops growing past this many serialized bytes (there is always a next token).
 PAGE_BYTES_SOFT_LIMIT = 16 * 1024 * 1024
@@ -243,9 +243,7 @@ class TranscriptServicer(api_grpc.TranscriptServiceServicer):
         declared = validation.non_negative(header.size_bytes, "header.size_bytes")
         limit = self._settings.max_attachment_bytes
         if declared > limit:
-            raise attachments.AttachmentTooLarge(
-                f"attachments are limited to {limit} bytes", metadata={"max_bytes": limit}
-            )
+            raise AttachmentTooLarge(f"attachments are limited to {limit} bytes", metadata={"max_bytes": limit})
         async with self._db.connection() as connection:
             await sessions.load(connection, owner, session_id)
 

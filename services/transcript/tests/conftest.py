@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import grpc
 import pytest
 from transcript_testing import TranscriptClient, transcript_settings
 

@@ -7,11 +7,11 @@ import asyncio
 import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
+from transcript_testing import TranscriptClient, refused
 
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum_runtime.errors import error_details
-from transcript_testing import TranscriptClient, refused
 
 
 async def _sessions(client: TranscriptClient, *ids: str, parent: str = "") -> None:
@@ -71,7 +71,9 @@ async def test_all_or_nothing(transcript: TranscriptClient) -> None:
     await _sessions(transcript, "a", "b", "c")
     await _acquire(transcript, ["b"])
     await refused(
-        _acquire(transcript, ["a", "b", "c"], kind=pb.CLAIM_KIND_MERGE), grpc.StatusCode.FAILED_PRECONDITION, "SESSION_BUSY"
+        _acquire(transcript, ["a", "b", "c"], kind=pb.CLAIM_KIND_MERGE),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "SESSION_BUSY",
     )
     # Nothing of the refused set was kept: a and c are still free.
     both = (await _acquire(transcript, ["c", "a"])).claim
@@ -105,8 +107,14 @@ async def test_expired_leases_are_free_and_cannot_be_renewed(transcript: Transcr
 
 async def test_claim_input_is_validated(transcript: TranscriptClient) -> None:
     await _sessions(transcript, "s")
-    for ids, kind, ttl in [([], pb.CLAIM_KIND_RUN, 30), (["s"], pb.CLAIM_KIND_UNSPECIFIED, 30), (["s"], pb.CLAIM_KIND_RUN, 0)]:
-        await refused(_acquire(transcript, ids, kind=kind, ttl=ttl), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT")
+    for ids, kind, ttl in [
+        ([], pb.CLAIM_KIND_RUN, 30),
+        (["s"], pb.CLAIM_KIND_UNSPECIFIED, 30),
+        (["s"], pb.CLAIM_KIND_RUN, 0),
+    ]:
+        await refused(
+            _acquire(transcript, ids, kind=kind, ttl=ttl), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"
+        )
     await refused(_acquire(transcript, ["missing"]), grpc.StatusCode.NOT_FOUND, "SESSION_NOT_FOUND")
     other = transcript.stub.AcquireClaims(
         api.AcquireClaimsRequest(session_ids=["s"], kind=pb.CLAIM_KIND_RUN, holder="h", ttl=Duration(seconds=5)),
@@ -143,5 +151,7 @@ async def test_concurrent_takeover_of_an_expired_lease_has_one_winner(transcript
     await _sessions(transcript, "s")
     await _acquire(transcript, ["s"], ttl=1)
     await asyncio.sleep(1.2)
-    results = await asyncio.gather(*[_acquire(transcript, ["s"], holder=f"h{i}") for i in range(20)], return_exceptions=True)
+    results = await asyncio.gather(
+        *[_acquire(transcript, ["s"], holder=f"h{i}") for i in range(20)], return_exceptions=True
+    )
     assert sum(isinstance(r, api.AcquireClaimsResponse) for r in results) == 1

@@ -7,10 +7,10 @@ import hashlib
 
 import grpc
 import pytest
+from transcript_testing import TranscriptClient, refused
 
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
-from transcript_testing import TranscriptClient, refused, user
 
 
 async def _create(client: TranscriptClient, session_id: str, owner: str = "alice") -> None:
@@ -21,7 +21,7 @@ async def _delete(client: TranscriptClient, session_id: str, owner: str = "alice
     response = await client.stub.DeleteSession(
         api.DeleteSessionRequest(session_id=session_id), metadata=client.as_user(owner)
     )
-    return response.event_id
+    return int(response.event_id)
 
 
 async def test_watch_streams_backlog_then_live_events_and_resumes(transcript: TranscriptClient) -> None:
@@ -29,17 +29,17 @@ async def test_watch_streams_backlog_then_live_events_and_resumes(transcript: Tr
         await _create(transcript, name)
     first = await _delete(transcript, "one")
     stream = transcript.stub.WatchSessionEvents(api.WatchSessionEventsRequest(), metadata=transcript.system)
-    received = [(await stream.read()).event]  # type: ignore[union-attr]
+    received = [(await stream.read()).event]
     assert received[0].event_id == first and list(received[0].deleted_session_ids) == ["one"]
     second = await _delete(transcript, "two")
-    received.append((await asyncio.wait_for(stream.read(), 10)).event)  # type: ignore[union-attr]
+    received.append((await asyncio.wait_for(stream.read(), 10)).event)
     assert received[1].event_id == second and received[1].type == pb.SESSION_EVENT_TYPE_DELETED
     stream.cancel()
     third = await _delete(transcript, "three")
     resumed = transcript.stub.WatchSessionEvents(
         api.WatchSessionEventsRequest(after_event_id=second), metadata=transcript.system
     )
-    assert (await asyncio.wait_for(resumed.read(), 10)).event.event_id == third  # type: ignore[union-attr]
+    assert (await asyncio.wait_for(resumed.read(), 10)).event.event_id == third
     resumed.cancel()
 
 
@@ -67,13 +67,15 @@ async def test_concurrent_writers_commit_events_in_id_order(transcript: Transcri
         await _create(transcript, name)
     stream = transcript.stub.WatchSessionEvents(api.WatchSessionEventsRequest(), metadata=transcript.system)
     ids = await asyncio.gather(*[_delete(transcript, name) for name in names])
-    seen = [(await asyncio.wait_for(stream.read(), 10)).event.event_id for _ in names]  # type: ignore[union-attr]
+    seen = [(await asyncio.wait_for(stream.read(), 10)).event.event_id for _ in names]
     stream.cancel()
     # A watcher never skips an event: it sees every id exactly once, in increasing order.
     assert seen == sorted(ids)
 
 
-async def _upload(client: TranscriptClient, session_id: str, data: bytes, **header: object) -> api.UploadAttachmentResponse:
+async def _upload(
+    client: TranscriptClient, session_id: str, data: bytes, **header: object
+) -> api.UploadAttachmentResponse:
     """Stream an upload the way a careful client does: stop writing once the server has answered."""
     call = client.stub.UploadAttachment(metadata=client.as_user("alice"))
     fields: dict[str, object] = {"session_id": session_id, "media_type": "image/png", "file_name": "a.png", **header}

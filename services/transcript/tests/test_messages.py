@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import grpc
+from transcript_testing import TranscriptClient, assistant, refused, tool, user
 
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
-from transcript_testing import TranscriptClient, assistant, refused, tool, user
 
 
 async def _session(client: TranscriptClient, session_id: str = "s") -> str:
@@ -110,10 +110,13 @@ async def test_malformed_batches_are_refused_whole(transcript: TranscriptClient)
         transcript.stub.AppendMessages(
             api.AppendMessagesRequest(
                 session_id=sid,
-                messages=[user("x"), pb.NewMessage(
-                    role=pb.MESSAGE_ROLE_USER,
-                    content=[pb.ContentPart(attachment=pb.AttachmentReference(attachment_id="nope"))],
-                )],
+                messages=[
+                    user("x"),
+                    pb.NewMessage(
+                        role=pb.MESSAGE_ROLE_USER,
+                        content=[pb.ContentPart(attachment=pb.AttachmentReference(attachment_id="nope"))],
+                    ),
+                ],
             ),
             metadata=alice,
         ),
@@ -153,7 +156,9 @@ async def test_edit_rewrites_history_in_one_transaction(transcript: TranscriptCl
     ids = await _append(transcript, sid, user("first"), assistant("a1"), user("second"), assistant("a2"))
     edited = await transcript.stub.EditUserMessage(
         api.EditUserMessageRequest(
-            session_id=sid, message_id=ids[0], content=[pb.ContentPart(text="first, reworded")],
+            session_id=sid,
+            message_id=ids[0],
+            content=[pb.ContentPart(text="first, reworded")],
             expected_history_generation=1,
         ),
         metadata=alice,
@@ -177,7 +182,9 @@ async def test_edit_refusals_change_nothing(transcript: TranscriptClient) -> Non
     def edit(message_id: int, generation: int = 0) -> object:
         return transcript.stub.EditUserMessage(
             api.EditUserMessageRequest(
-                session_id=sid, message_id=message_id, content=[pb.ContentPart(text="new")],
+                session_id=sid,
+                message_id=message_id,
+                content=[pb.ContentPart(text="new")],
                 expected_history_generation=generation,
             ),
             metadata=alice,
