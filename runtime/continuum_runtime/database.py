@@ -63,7 +63,8 @@ def _create_engine(url: str, *, schema: str, pool_size: int) -> AsyncEngine:
         def _configure(dbapi_connection: Any, _record: Any) -> None:
             dbapi_connection.isolation_level = None
             cursor = dbapi_connection.cursor()
-            for pragma in ("journal_mode=WAL", "foreign_keys=ON", "busy_timeout=10000", "synchronous=NORMAL"):
+            # busy_timeout first: switching to WAL itself needs the lock another process may hold.
+            for pragma in ("busy_timeout=10000", "journal_mode=WAL", "foreign_keys=ON", "synchronous=NORMAL"):
                 cursor.execute(f"PRAGMA {pragma}")
             cursor.close()
 

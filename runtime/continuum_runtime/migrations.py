@@ -2,7 +2,9 @@
 
 A service's `migrations/env.py` calls `run_env(metadata)`; `upgrade()` runs it against a Database.
 On PostgreSQL a session advisory lock keyed by the schema makes concurrent runs (two Jobs, or a
-Job and a starting pod) take turns; the second finds nothing left to do.
+Job and a starting pod) take turns; the second finds nothing left to do. On SQLite the whole run is
+one `BEGIN IMMEDIATE` transaction, which holds the file's writer lock from the version check on.
+Alembic's `context` is process-global: run one upgrade at a time per process.
 """
 
 from __future__ import annotations

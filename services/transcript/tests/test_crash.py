@@ -1,0 +1,101 @@
+"""kill -9 in the middle of appends: every batch is all or nothing, and every acknowledged batch
+survives the restart."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections import Counter
+from pathlib import Path
+
+import grpc
+
+from continuum.transcript.v1 import transcript_service_pb2 as api
+from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
+from continuum_runtime.auth import call_metadata
+from continuum_runtime.channels import open_channel
+from transcript_testing import SERVICE_TOKEN, user
+
+BATCH = 20
+
+
+async def _start(data_dir: Path, database_url: str) -> tuple[asyncio.subprocess.Process, int]:
+    port_file = data_dir / "run" / "transcript.port"
+    port_file.unlink(missing_ok=True)
+    env = {
+        **os.environ,
+        "TRANSCRIPT_DATA_DIR": str(data_dir),
+        "TRANSCRIPT_DATABASE_URL": database_url,
+        "TRANSCRIPT_PORT": "0",
+        "TRANSCRIPT_SERVICE_TOKEN": SERVICE_TOKEN,
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "continuum_transcript", "serve", env=env, stderr=asyncio.subprocess.DEVNULL
+    )
+    for _ in range(300):
+        if port_file.exists():
+            return process, int(port_file.read_text())
+        await asyncio.sleep(0.05)
+    process.kill()
+    raise AssertionError("transcript did not start")
+
+
+async def _writer(stub: api_grpc.TranscriptServiceStub, writer: int, acknowledged: list[str]) -> None:
+    metadata = call_metadata(SERVICE_TOKEN, "alice")
+    for number in range(10_000):
+        tag = f"w{writer}-b{number}"
+        batch = [user(f"{tag} message {i} " + "x" * 2000) for i in range(BATCH)]
+        for message in batch:
+            message.metadata.update({"batch": tag})
+        try:
+            await stub.AppendMessages(api.AppendMessagesRequest(session_id="s", messages=batch), metadata=metadata)
+        except grpc.aio.AioRpcError:
+            return
+        acknowledged.append(tag)
+
+
+async def test_kill_9_mid_append_loses_no_acknowledged_batch_and_splits_none(
+    tmp_path: Path, database_url: str
+) -> None:
+    process, port = await _start(tmp_path, database_url)
+    acknowledged: list[str] = []
+    channel = open_channel(f"127.0.0.1:{port}")
+    stub = api_grpc.TranscriptServiceStub(channel)
+    try:
+        await stub.CreateSession(
+            api.CreateSessionRequest(session_id="s"), metadata=call_metadata(SERVICE_TOKEN, "alice")
+        )
+        writers = [asyncio.create_task(_writer(stub, w, acknowledged)) for w in range(4)]
+        while len(acknowledged) < 20:
+            await asyncio.sleep(0.02)
+        process.send_signal(signal.SIGKILL)
+        await process.wait()
+        await asyncio.gather(*writers)
+    finally:
+        await channel.close()
+        if process.returncode is None:
+            process.kill()
+
+    process, port = await _start(tmp_path, database_url)
+    channel = open_channel(f"127.0.0.1:{port}")
+    stub = api_grpc.TranscriptServiceStub(channel)
+    try:
+        counts: Counter[str] = Counter()
+        token = ""
+        while True:
+            page = await stub.ListMessagesAfter(
+                api.ListMessagesAfterRequest(session_id="s", page_token=token),
+                metadata=call_metadata(SERVICE_TOKEN, "alice"),
+            )
+            counts.update(m.metadata["batch"] for m in page.messages)
+            token = page.next_page_token
+            if not token:
+                break
+    finally:
+        await channel.close()
+        process.send_signal(signal.SIGTERM)
+        await process.wait()
+    assert set(acknowledged) <= set(counts), "an acknowledged batch was lost"
+    assert all(count == BATCH for count in counts.values()), "a batch was split by the crash"

@@ -1,0 +1,53 @@
+"""Transcript's migrations: own schema and version table, idempotent, safe to run concurrently
+(as separate processes, like two Kubernetes Jobs), and matching the tables the code uses."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import Connection, inspect, text
+
+from continuum_runtime import migrations
+from continuum_runtime.database import Database
+from continuum_transcript.server import MIGRATIONS_DIR
+from continuum_transcript.tables import metadata
+
+
+async def _migrate_in_subprocess(database_url: str) -> int:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "continuum_transcript",
+        "migrate",
+        env={**os.environ, "TRANSCRIPT_DATABASE_URL": database_url},
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    return await process.wait()
+
+
+async def test_concurrent_runs_all_succeed_and_match_the_code(database_url: str) -> None:
+    codes = await asyncio.gather(*[_migrate_in_subprocess(database_url) for _ in range(3)])
+    assert codes == [0, 0, 0]
+    database = Database(database_url, schema="transcript")
+    try:
+        await migrations.upgrade(database, MIGRATIONS_DIR)
+        assert await migrations.current_revision(database, MIGRATIONS_DIR) == "0001"
+
+        def differences(connection: Connection) -> list[object]:
+            return list(compare_metadata(MigrationContext.configure(connection), metadata))
+
+        async with database.connection() as connection:
+            assert await connection.run_sync(differences) == []
+            tables = await connection.run_sync(lambda c: set(inspect(c).get_table_names()))
+            assert {"sessions", "messages", "execution_claims", "session_events", "alembic_version"} <= tables
+            if database.engine.dialect.name == "postgresql":
+                schema = await connection.execute(
+                    text("SELECT table_schema FROM information_schema.tables WHERE table_name = 'alembic_version'")
+                )
+                assert list(schema.scalars()) == ["transcript"]
+    finally:
+        await database.dispose()
