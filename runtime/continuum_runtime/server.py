@@ -53,6 +53,8 @@ def keepalive_options(max_message_bytes: int) -> list[tuple[str, int]]:
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
+        # Without this a second server silently shares the port and splits the traffic.
+        ("grpc.so_reuseport", 0),
     ]
 
 

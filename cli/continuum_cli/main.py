@@ -1,0 +1,72 @@
+"""Entry point of the `continuum` command: parse arguments and dispatch to one subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from continuum_cli.components import COMPONENTS, Component, migratable
+from continuum_cli.migrate import migrate
+from continuum_cli.supervisor import up
+
+EXIT_USAGE = 2
+
+
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 0 meaning any free port."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be between 0 and 65535, got {port}")
+    return port
+
+
+def build_parser(components: Sequence[Component] = COMPONENTS) -> argparse.ArgumentParser:
+    """The command line: `up`, `migrate <service>` and `cleanup <service>`."""
+    parser = argparse.ArgumentParser(
+        prog="continuum", description="Run and operate Continuum: transcripts, compaction, merges."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up_parser = commands.add_parser("up", help="run every service locally until Ctrl-C")
+    up_parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(".continuum"),
+        help="where databases, run files, logs and the dev token live (default: ./.continuum)",
+    )
+    # One option per component, so a new table entry gets its port option for free.
+    for component in components:
+        up_parser.add_argument(
+            f"--{component.name}-port",
+            dest=f"port_{component.name}",
+            type=port_number,
+            default=component.default_port,
+            metavar="N",
+            help=f"port of {component.name} (default: {component.default_port}; 0 = any free port)",
+        )
+
+    services = sorted(migratable(components))
+    migrate_parser = commands.add_parser("migrate", help="run one service's database migrations and exit")
+    migrate_parser.add_argument("service", choices=services, help=f"one of: {', '.join(services)}")
+
+    cleanup_parser = commands.add_parser("cleanup", help="not built yet")
+    cleanup_parser.add_argument("service")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, components: Sequence[Component] = COMPONENTS) -> int:
+    """Run the command line `argv` (default: sys.argv[1:]); the process exit code."""
+    args = build_parser(components).parse_args(argv)
+    if args.command == "up":
+        ports = {component.name: getattr(args, f"port_{component.name}") for component in components}
+        return up(args.data_dir, ports, components)
+    if args.command == "migrate":
+        return migrate(migratable(components)[args.service])
+    # argparse accepts nothing else; only `cleanup` remains.
+    print(f"continuum cleanup {args.service}: not built yet; nothing was done.", file=sys.stderr)
+    return EXIT_USAGE

@@ -1,0 +1,272 @@
+"""`continuum up`'s supervisor, run for real (own process, real signals) over fake components."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+
+
+@dataclass
+class Up:
+    """A running `cli_fake_up` and where its output goes."""
+
+    process: subprocess.Popen[bytes]
+    data_dir: Path
+    log_dir: Path
+
+    def stdout(self) -> str:
+        return (self.log_dir / "stdout").read_text(encoding="utf-8")
+
+    def stderr(self) -> str:
+        return (self.log_dir / "stderr").read_text(encoding="utf-8")
+
+    def pids(self) -> dict[str, int]:
+        return {path.stem: int(path.read_text()) for path in (self.data_dir / "run").glob("*.pid")}
+
+    def env_of(self, name: str) -> dict[str, str]:
+        recorded: dict[str, str] = json.loads((self.data_dir / f"{name}.env.json").read_text())
+        return recorded
+
+    def stops(self) -> list[str]:
+        path = self.data_dir / "stops.log"
+        return path.read_text().split() if path.exists() else []
+
+    def finish(self, timeout: float) -> int:
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"supervisor still running after {timeout} s\n{self.stdout()}\n{self.stderr()}")
+
+
+StartUp = Callable[..., Up]
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def children_of(parent: int) -> set[int]:
+    found = set()
+    for stat_path in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_path.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent and fields[0] != "Z":
+            found.add(int(stat_path.parent.name))
+    return found
+
+
+@pytest.fixture
+def start_up(tmp_path: Path) -> Iterator[StartUp]:
+    started: list[tuple[Up, set[int]]] = []
+
+    def start(
+        *,
+        modes: Mapping[str, str] | None = None,
+        startup_timeout: float = 30.0,
+        stop_grace: float = 10.0,
+        data_dir: Path | None = None,
+        ports: Mapping[str, int] | None = None,
+    ) -> Up:
+        log_dir = tmp_path / f"up-{len(started)}"
+        log_dir.mkdir()
+        env = {key: value for key, value in os.environ.items() if not key.startswith("FAKE_")}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
+        env.update({f"FAKE_{name.upper()}_MODE": mode for name, mode in (modes or {}).items()})
+        data_dir = data_dir or tmp_path / "data"
+        argv = [sys.executable, "-m", "cli_fake_up", str(data_dir), str(startup_timeout), str(stop_grace)]
+        argv += [f"{name}={port}" for name, port in (ports or {}).items()]
+        with open(log_dir / "stdout", "wb") as out, open(log_dir / "stderr", "wb") as err:
+            process = subprocess.Popen(argv, env=env, stdout=out, stderr=err)
+        up = Up(process, data_dir, log_dir)
+        started.append((up, set()))
+        return up
+
+    def remember_children() -> None:
+        for up, pids in started:
+            if up.process.poll() is None:
+                pids.update(children_of(up.process.pid))
+            if (up.data_dir / "run").exists():
+                pids.update(up.pids().values())
+
+    try:
+        yield start
+    finally:
+        remember_children()
+        for up, pids in started:
+            if up.process.poll() is None:
+                up.process.kill()
+            up.process.wait()
+            for pid in pids:
+                if alive(pid) and b"cli_fake_component" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGKILL)
+
+
+def wait_until_up(up: Up) -> None:
+    wait_for(lambda: "Press Ctrl-C" in up.stdout() or up.process.poll() is not None, 30, "the summary")
+    assert up.process.poll() is None, up.stderr()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_up_configures_children_and_stops_them_in_reverse_order(start_up: StartUp, signum: signal.Signals) -> None:
+    up = start_up()
+    wait_until_up(up)
+    data_dir = up.data_dir.resolve()
+    alpha, beta = up.env_of("alpha"), up.env_of("beta")
+    dev_token = (data_dir / "dev-token").read_text().strip()
+    alpha_port = int((data_dir / "run" / "alpha.port").read_text())
+
+    assert (data_dir / "dev-token").stat().st_mode & 0o777 == 0o600
+    assert alpha["ALPHA_DATA_DIR"] == beta["BETA_DATA_DIR"] == str(data_dir)
+    assert alpha["ALPHA_HOST"] == beta["BETA_HOST"] == "127.0.0.1"
+    assert alpha["ALPHA_PORT"] == beta["BETA_PORT"] == "0"
+    assert beta["BETA_ALPHA_ADDRESS"] == f"127.0.0.1:{alpha_port}"
+    assert beta["BETA_DEV_TOKEN"] == dev_token
+    # Each child gets only its own prefixed variables, and only the browser-facing one the dev token.
+    assert not [key for key in alpha if not key.startswith("ALPHA_")]
+    assert not [key for key in beta if not key.startswith("BETA_")]
+    assert "ALPHA_DEV_TOKEN" not in alpha
+    service_token = alpha["ALPHA_SERVICE_TOKEN"]
+    assert service_token == beta["BETA_SERVICE_TOKEN"]
+    assert len(service_token) >= 32
+    assert service_token != dev_token
+
+    output = up.stdout() + up.stderr()
+    assert dev_token in output
+    assert f"http://127.0.0.1:{beta_port(up)}" in output
+    assert service_token not in output
+
+    pids = up.pids()
+    assert set(pids) == {"alpha", "beta"}
+    assert children_of(up.process.pid) == set(pids.values())
+
+    up.process.send_signal(signum)
+    assert up.finish(timeout=20) == 0, up.stderr()
+    assert up.stops() == ["beta", "alpha"]
+    assert not [pid for pid in pids.values() if alive(pid)]
+    assert not list((data_dir / "run").glob("*.p*"))  # no port or pid files left behind
+
+
+def beta_port(up: Up) -> int:
+    return int((up.data_dir / "run" / "beta.port").read_text())
+
+
+def test_child_crashing_at_start_fails_naming_it_and_shows_its_log(start_up: StartUp) -> None:
+    up = start_up(modes={"alpha": "crash"})
+
+    assert up.finish(timeout=20) == 1
+    assert "alpha exited with code 3 while starting; stopping the others" in up.stderr()
+    assert "alpha: boom" in up.stderr()
+    assert not (up.data_dir / "beta.env.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [("alpha", "gRPC health status NOT_SERVING on port"), ("beta", "GET /readyz answered 503 on port")],
+)
+def test_child_never_ready_times_out_and_stops_the_others(start_up: StartUp, name: str, why: str) -> None:
+    up = start_up(modes={name: "unready"}, startup_timeout=1.5)
+
+    assert up.finish(timeout=20) == 1
+    assert f"{name} did not become ready within 1.5 s ({why}" in up.stderr()
+    assert up.stops() == ["beta", "alpha"][["beta", "alpha"].index(name) :]
+
+
+def test_child_exiting_later_stops_the_others_and_fails(start_up: StartUp) -> None:
+    up = start_up(modes={"beta": "exit-later"})
+
+    assert up.finish(timeout=20) == 1
+    assert "beta exited unexpectedly with code 4; stopping the others" in up.stderr()
+    assert up.stops() == ["alpha"]
+
+
+def test_child_ignoring_sigterm_is_killed_after_the_grace_period(start_up: StartUp) -> None:
+    up = start_up(modes={"beta": "stubborn"}, stop_grace=1.0)
+    wait_until_up(up)
+    pids = up.pids()
+
+    up.process.send_signal(signal.SIGINT)
+
+    assert up.finish(timeout=15) == 0
+    assert "beta did not stop in time; killing it" in up.stderr()
+    assert up.stops() == ["alpha"]
+    assert not [pid for pid in pids.values() if alive(pid)]
+
+
+def test_second_interrupt_skips_the_grace_period(start_up: StartUp) -> None:
+    up = start_up(modes={"beta": "stubborn"}, stop_grace=60.0)
+    wait_until_up(up)
+    pids = up.pids()
+    up.process.send_signal(signal.SIGINT)
+    wait_for(lambda: "stopping" in up.stdout(), 5, "the supervisor to start stopping")
+
+    up.process.send_signal(signal.SIGINT)
+
+    assert up.finish(timeout=10) == 0
+    assert "beta did not stop in time; killing it" in up.stderr()
+    assert not [pid for pid in pids.values() if alive(pid)]
+
+
+def test_second_up_on_the_same_data_dir_is_refused(start_up: StartUp) -> None:
+    first = start_up()
+    wait_until_up(first)
+    ports = {path.name: path.read_text() for path in (first.data_dir / "run").glob("*.port")}
+
+    second = start_up(data_dir=first.data_dir)
+
+    assert second.finish(timeout=20) == 1
+    assert "is in use by another `continuum up`" in second.stderr()
+    assert first.process.poll() is None
+    assert {path.name: path.read_text() for path in (first.data_dir / "run").glob("*.port")} == ports
+
+
+def test_children_orphaned_by_a_killed_supervisor_keep_the_data_dir_locked(start_up: StartUp) -> None:
+    first = start_up()
+    wait_until_up(first)
+    pids = first.pids()
+    first.process.kill()
+    first.process.wait()
+
+    second = start_up(data_dir=first.data_dir)
+
+    assert second.finish(timeout=20) == 1
+    assert f"alpha pid {pids['alpha']}" in second.stderr()
+    assert f"beta pid {pids['beta']}" in second.stderr()
+
+
+def test_a_fixed_port_already_served_is_refused_before_anything_starts(start_up: StartUp, tmp_path: Path) -> None:
+    first = start_up()
+    wait_until_up(first)
+    # alpha is a gRPC server, which binds with SO_REUSEPORT: a second one would share the port silently.
+    taken = int((first.data_dir / "run" / "alpha.port").read_text())
+
+    second = start_up(data_dir=tmp_path / "other", ports={"alpha": taken})
+
+    assert second.finish(timeout=20) == 1
+    assert f"alpha's port {taken} is already in use (pass --alpha-port N; 0 = any free port)" in second.stderr()
+    assert not (tmp_path / "other" / "alpha.env.json").exists()

@@ -1,0 +1,193 @@
+"""The `continuum` command's parts that need no running process: arguments, table, tokens, run files."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from continuum_cli.components import COMPONENTS, Component, Protocol, check_order, migratable
+from continuum_cli.main import build_parser, main
+from continuum_cli.ports import port_in_use
+from continuum_cli.rundir import RunDir
+from continuum_cli.supervisor import component_env, describe_exit
+from continuum_cli.tokens import load_or_create_dev_token
+
+HERE = Path(__file__).parent
+
+
+def test_up_defaults() -> None:
+    args = build_parser().parse_args(["up"])
+
+    assert args.data_dir == Path(".continuum")
+    assert args.port_gateway == 8080
+    assert args.port_transcript == 50151
+
+
+def test_up_options() -> None:
+    args = build_parser().parse_args(["up", "--data-dir", "/x", "--gateway-port", "0", "--transcript-port", "7"])
+
+    assert (args.data_dir, args.port_gateway, args.port_transcript) == (Path("/x"), 0, 7)
+
+
+@pytest.mark.parametrize("port", ["-1", "65536", "eighty"])
+def test_bad_port_is_a_usage_error(port: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["up", "--gateway-port", port])
+
+    assert exit_info.value.code == 2
+    assert "--gateway-port" in capsys.readouterr().err
+
+
+def test_migrate_of_an_unknown_service_is_a_usage_error_naming_the_valid_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["migrate", "compaction"])
+
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'compaction'" in err
+    assert "transcript" in err
+
+
+def test_cleanup_says_it_is_not_built(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cleanup", "transcript"]) == 2
+    assert "not built yet" in capsys.readouterr().err
+
+
+def test_the_table_starts_transcript_then_the_gateway_that_needs_it() -> None:
+    check_order(COMPONENTS)
+    transcript, gateway = COMPONENTS
+
+    assert (transcript.name, transcript.argv, transcript.env_prefix) == (
+        "transcript",
+        ("continuum_transcript", "serve"),
+        "TRANSCRIPT_",
+    )
+    assert transcript.protocol is Protocol.GRPC
+    assert (gateway.name, gateway.argv, gateway.env_prefix) == ("gateway", ("continuum_gateway",), "GATEWAY_")
+    assert gateway.depends_on == ("transcript",)
+    assert gateway.protocol is Protocol.HTTP
+    assert gateway.dev_token
+    assert not transcript.dev_token
+    assert set(migratable()) == {"transcript"}
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ((Component("a", ("m",), "A_", depends_on=("b",)), Component("b", ("m",), "B_")), "must be listed before"),
+        ((Component("a", ("m",), "A_"), Component("a", ("m",), "A_")), "listed twice"),
+    ],
+)
+def test_the_table_rejects_bad_orders(table: tuple[Component, ...], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_order(table)
+
+
+def test_the_gateway_env_names_the_transcript_address_and_the_dev_token(tmp_path: Path) -> None:
+    gateway = COMPONENTS[1]
+
+    env = component_env(
+        gateway,
+        data_dir=tmp_path,
+        port=0,
+        service_token="service",
+        dev_token="dev",
+        addresses={"transcript": "127.0.0.1:5"},
+    )
+
+    assert env == {
+        "GATEWAY_DATA_DIR": str(tmp_path),
+        "GATEWAY_HOST": "127.0.0.1",
+        "GATEWAY_PORT": "0",
+        "GATEWAY_SERVICE_TOKEN": "service",
+        "GATEWAY_TRANSCRIPT_ADDRESS": "127.0.0.1:5",
+        "GATEWAY_DEV_TOKEN": "dev",
+    }
+
+
+def test_describe_exit() -> None:
+    assert describe_exit(3) == "code 3"
+    assert describe_exit(-9) == "signal SIGKILL"
+
+
+def test_dev_token_is_created_private_and_then_reused(tmp_path: Path) -> None:
+    token = load_or_create_dev_token(tmp_path)
+
+    assert len(token) >= 32
+    assert (tmp_path / "dev-token").stat().st_mode & 0o777 == 0o600
+    assert load_or_create_dev_token(tmp_path) == token
+
+
+def test_a_readable_dev_token_file_is_made_private(tmp_path: Path) -> None:
+    path = tmp_path / "dev-token"
+    path.write_text("my-own-token\n")
+    path.chmod(0o644)
+
+    assert load_or_create_dev_token(tmp_path) == "my-own-token"
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("content", ["", "\n", "two words", "bad\x00byte"])
+def test_an_unusable_dev_token_file_is_replaced(tmp_path: Path, content: str) -> None:
+    (tmp_path / "dev-token").write_text(content)
+
+    token = load_or_create_dev_token(tmp_path)
+
+    assert token != content.strip()
+    assert (tmp_path / "dev-token").read_text().strip() == token
+
+
+def test_stale_run_files_are_removed_and_others_kept(tmp_path: Path) -> None:
+    run_dir = RunDir(tmp_path)
+    run_dir.create()
+    for name in ("transcript.port", "transcript.pid", "transcript.tmp", "gateway.port", "other.port"):
+        (tmp_path / "run" / name).write_text("1")
+
+    run_dir.remove_stale(["transcript", "gateway"])
+
+    assert sorted(path.name for path in (tmp_path / "run").iterdir()) == ["other.port"]
+
+
+@pytest.mark.parametrize(("content", "port"), [("50151\n", 50151), ("", None), ("12ab", None), ("0", None)])
+def test_read_port(tmp_path: Path, content: str, port: int | None) -> None:
+    run_dir = RunDir(tmp_path)
+    run_dir.create()
+    assert run_dir.read_port("transcript") is None
+    (tmp_path / "run" / "transcript.port").write_text(content)
+
+    assert run_dir.read_port("transcript") == port
+
+
+def test_migrate_runs_the_service_module_with_the_inherited_env_and_exits_with_its_code(tmp_path: Path) -> None:
+    record = tmp_path / "migrate.json"
+    program = (
+        "import sys\n"
+        "from continuum_cli.components import Component\n"
+        "from continuum_cli.migrate import migrate\n"
+        "sys.exit(migrate(Component('alpha', ('cli_fake_component', 'alpha', 'grpc'), 'ALPHA_', migrates=True)))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(HERE), "FAKE_MIGRATE_RECORD": str(record), "FAKE_MIGRATE_EXIT": "5"}
+
+    result = subprocess.run([sys.executable, "-c", program], env=env, check=False, timeout=30)
+
+    assert result.returncode == 5
+    assert json.loads(record.read_text()) == ["migrate"]
+
+
+def test_a_listening_port_is_in_use_and_a_closed_one_is_not() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+
+        assert port_in_use("127.0.0.1", port)
+
+    assert not port_in_use("127.0.0.1", port)
