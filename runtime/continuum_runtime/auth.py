@@ -16,7 +16,7 @@ from continuum_runtime.errors import ServiceError
 
 AUTHORIZATION_KEY = "authorization"
 ACTING_USER_KEY = "x-continuum-user"
-_USER_PATTERN = re.compile(r"^[A-Za-z0-9._@-]{1,128}$")
+USER_ID_PATTERN = re.compile(r"^[A-Za-z0-9._@-]{1,128}$")
 
 
 class MissingActingUser(ServiceError):
@@ -41,7 +41,7 @@ def bearer_matches(metadata: Sequence[tuple[str, str | bytes]] | None, token: st
 def acting_user(context: grpc.aio.ServicerContext) -> str:
     """The user a call acts for; UNAUTHENTICATED when absent or malformed."""
     for key, value in context.invocation_metadata() or ():
-        if key == ACTING_USER_KEY and isinstance(value, str) and _USER_PATTERN.match(value):
+        if key == ACTING_USER_KEY and isinstance(value, str) and USER_ID_PATTERN.match(value):
             return value
     raise MissingActingUser(f"metadata {ACTING_USER_KEY!r} must name the acting user")
 

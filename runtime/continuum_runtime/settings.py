@@ -11,7 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class ServiceSettings(BaseSettings):
     """Common settings of a gRPC service. Subclasses set `env_prefix` (e.g. ``TRANSCRIPT_``)."""
 
-    model_config = SettingsConfigDict(frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(frozen=True, extra="ignore", hide_input_in_errors=True)
 
     # Where the embedded default keeps its SQLite files, attachments and run files.
     data_dir: Path = Path(".continuum")

@@ -13,7 +13,7 @@ from continuum_runtime.settings import ServiceSettings
 class TranscriptSettings(ServiceSettings):
     """Limits have sane defaults: a 5 MB tool output is ordinary, not an error."""
 
-    model_config = SettingsConfigDict(env_prefix="TRANSCRIPT_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="TRANSCRIPT_", frozen=True, extra="ignore", hide_input_in_errors=True)
 
     max_message_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     max_batch_messages: int = Field(default=1000, ge=1)

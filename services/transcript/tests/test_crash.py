@@ -11,12 +11,12 @@ from collections import Counter
 from pathlib import Path
 
 import grpc
+from transcript_testing import SERVICE_TOKEN, user
 
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
 from continuum_runtime.auth import call_metadata
 from continuum_runtime.channels import open_channel
-from transcript_testing import SERVICE_TOKEN, user
 
 BATCH = 20
 
@@ -42,7 +42,9 @@ async def _start(data_dir: Path, database_url: str) -> tuple[asyncio.subprocess.
     raise AssertionError("transcript did not start")
 
 
-async def _writer(stub: api_grpc.TranscriptServiceStub, writer: int, acknowledged: list[str]) -> None:
+async def _writer(
+    stub: api_grpc.TranscriptServiceStub, writer: int, acknowledged: list[str], enough: asyncio.Event
+) -> None:
     metadata = call_metadata(SERVICE_TOKEN, "alice")
     for number in range(10_000):
         tag = f"w{writer}-b{number}"
@@ -54,11 +56,11 @@ async def _writer(stub: api_grpc.TranscriptServiceStub, writer: int, acknowledge
         except grpc.aio.AioRpcError:
             return
         acknowledged.append(tag)
+        if len(acknowledged) >= 20:
+            enough.set()
 
 
-async def test_kill_9_mid_append_loses_no_acknowledged_batch_and_splits_none(
-    tmp_path: Path, database_url: str
-) -> None:
+async def test_kill_9_mid_append_loses_no_acknowledged_batch_and_splits_none(tmp_path: Path, database_url: str) -> None:
     process, port = await _start(tmp_path, database_url)
     acknowledged: list[str] = []
     channel = open_channel(f"127.0.0.1:{port}")
@@ -67,9 +69,9 @@ async def test_kill_9_mid_append_loses_no_acknowledged_batch_and_splits_none(
         await stub.CreateSession(
             api.CreateSessionRequest(session_id="s"), metadata=call_metadata(SERVICE_TOKEN, "alice")
         )
-        writers = [asyncio.create_task(_writer(stub, w, acknowledged)) for w in range(4)]
-        while len(acknowledged) < 20:
-            await asyncio.sleep(0.02)
+        enough = asyncio.Event()
+        writers = [asyncio.create_task(_writer(stub, w, acknowledged, enough)) for w in range(4)]
+        await asyncio.wait_for(enough.wait(), 60)
         process.send_signal(signal.SIGKILL)
         await process.wait()
         await asyncio.gather(*writers)

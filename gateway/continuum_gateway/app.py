@@ -1,0 +1,50 @@
+"""`create_app(settings)`: the gateway's Starlette application.
+
+Middleware, outermost first: Starlette's server-error guard, `AccessLogMiddleware` (log line,
+last-resort 500), `AuthMiddleware` (401 unless a known bearer token), `BodyLimitMiddleware` (413),
+then Starlette's exception middleware with the handlers of `errors` (AIP-193 bodies for every
+expected failure).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+
+from continuum_gateway import health, messages, sessions, upstream
+from continuum_gateway.access_log import AccessLogMiddleware
+from continuum_gateway.auth import Authenticator, AuthMiddleware
+from continuum_gateway.body_limit import BodyLimitMiddleware
+from continuum_gateway.errors import exception_handlers
+from continuum_gateway.settings import GatewaySettings
+
+logger = logging.getLogger("continuum.gateway")
+
+
+def create_app(settings: GatewaySettings) -> Starlette:
+    """Build the app; upstream channels open when its lifespan starts and close when it ends."""
+    tokens = settings.user_tokens()
+    if not tokens:
+        logger.warning("no users configured: every authenticated route will answer 401")
+    if not settings.service_token.get_secret_value():
+        logger.warning("no service token configured: the services will refuse every call")
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, upstream.Upstreams]]:
+        async with upstream.connect(settings) as upstreams:
+            yield {upstream.STATE_KEY: upstreams}
+
+    return Starlette(
+        routes=[*health.ROUTES, *sessions.ROUTES, *messages.ROUTES],
+        middleware=[
+            Middleware(AccessLogMiddleware),
+            Middleware(AuthMiddleware, authenticator=Authenticator(tokens)),
+            Middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes),
+        ],
+        exception_handlers=exception_handlers(),
+        lifespan=lifespan,
+    )

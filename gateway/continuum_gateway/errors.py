@@ -1,0 +1,259 @@
+"""The one gRPC-status → HTTP-status table, and every error body the gateway writes (AIP-193).
+
+A body looks like::
+
+    {"error": {"code": 404, "status": "NOT_FOUND", "message": "...",
+               "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                            "reason": "SESSION_NOT_FOUND", "domain": "transcript.continuum",
+                            "metadata": {...}},
+                           {"@type": "type.googleapis.com/google.rpc.BadRequest",
+                            "fieldViolations": [{"field": "...", "description": "..."}]}]}}
+
+Errors the gateway detects itself raise `GatewayError`; failed service calls raise `UpstreamError`.
+Both become responses only through the handlers here, so no route sets a status code on failure.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import grpc
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import ExceptionHandler
+
+from continuum_runtime.errors import FieldViolation, error_details
+
+logger = logging.getLogger("continuum.gateway")
+
+DOMAIN = "gateway.continuum"
+ERROR_INFO_TYPE = "type.googleapis.com/google.rpc.ErrorInfo"
+BAD_REQUEST_TYPE = "type.googleapis.com/google.rpc.BadRequest"
+
+# Google's canonical mapping (google/rpc/code.proto). The only place a gRPC code meets HTTP.
+HTTP_STATUS: Mapping[grpc.StatusCode, int] = {
+    grpc.StatusCode.OK: 200,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNKNOWN: 500,
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.INTERNAL: 500,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DATA_LOSS: 500,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+}
+
+
+class GatewayError(Exception):
+    """A failure the gateway detects itself, described the way a service would describe it.
+
+    `http_status` overrides the table only where HTTP has a more precise answer than any gRPC code
+    (405 Method Not Allowed, 413 Content Too Large).
+    """
+
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        message: str,
+        *,
+        reason: str,
+        metadata: Mapping[str, str] | None = None,
+        violations: list[FieldViolation] | None = None,
+        http_status: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.reason = reason
+        self.metadata = dict(metadata or {})
+        self.violations = violations or []
+        self.http_status = http_status if http_status is not None else HTTP_STATUS[code]
+
+    @classmethod
+    def invalid_argument(cls, field: str, description: str, *, reason: str = "INVALID_ARGUMENT") -> GatewayError:
+        """A malformed request, naming the offending field in a BadRequest detail."""
+        return cls(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{field}: {description}",
+            reason=reason,
+            violations=[FieldViolation(field, description)],
+        )
+
+    def response(self) -> JSONResponse:
+        """This error as an AIP-193 response from the gateway's own domain."""
+        return error_response(
+            self.code,
+            self.message,
+            http_status=self.http_status,
+            reason=self.reason,
+            domain=DOMAIN,
+            metadata=self.metadata,
+            violations=self.violations,
+        )
+
+
+class UpstreamError(Exception):
+    """A call to a service failed; `upstream` names the service (e.g. "transcript")."""
+
+    def __init__(self, upstream: str, error: grpc.aio.AioRpcError) -> None:
+        super().__init__(f"{upstream} call failed with {error.code().name}")
+        self.upstream = upstream
+        self.error = error
+
+
+def error_body(
+    code: grpc.StatusCode,
+    message: str,
+    *,
+    http_status: int | None = None,
+    reason: str = "",
+    domain: str = "",
+    metadata: Mapping[str, str] | None = None,
+    violations: list[FieldViolation] | None = None,
+) -> dict[str, Any]:
+    """The AIP-193 JSON body: HTTP code, gRPC code name, message, ErrorInfo and BadRequest details."""
+    details: list[dict[str, Any]] = []
+    if reason:
+        details.append({"@type": ERROR_INFO_TYPE, "reason": reason, "domain": domain, "metadata": dict(metadata or {})})
+    if violations:
+        details.append(
+            {
+                "@type": BAD_REQUEST_TYPE,
+                "fieldViolations": [{"field": v.field, "description": v.description} for v in violations],
+            }
+        )
+    return {
+        "error": {
+            "code": http_status if http_status is not None else HTTP_STATUS[code],
+            "status": code.name,
+            "message": message,
+            "details": details,
+        }
+    }
+
+
+def error_response(
+    code: grpc.StatusCode,
+    message: str,
+    *,
+    http_status: int | None = None,
+    reason: str = "",
+    domain: str = "",
+    metadata: Mapping[str, str] | None = None,
+    violations: list[FieldViolation] | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    """`error_body` as a response whose HTTP status matches the body's `code`."""
+    body = error_body(
+        code,
+        message,
+        http_status=http_status,
+        reason=reason,
+        domain=domain,
+        metadata=metadata,
+        violations=violations,
+    )
+    return JSONResponse(body, status_code=body["error"]["code"], headers=headers)
+
+
+def internal_error_response() -> JSONResponse:
+    """The response for an unexpected failure: nothing about what went wrong leaves the process."""
+    return error_response(grpc.StatusCode.INTERNAL, "internal error", reason="INTERNAL", domain=DOMAIN)
+
+
+def upstream_error_response(failure: UpstreamError) -> JSONResponse:
+    """Relay a service's refusal; replace what gRPC itself produced with the gateway's own wording.
+
+    A status carrying ErrorInfo was written on purpose by a Continuum service (`continuum_runtime.errors`)
+    and is safe to relay as is. One without came from the gRPC stack (connection refused, deadline,
+    a framework crash) and may quote addresses or internals, so the gateway describes it itself.
+    """
+    details = error_details(failure.error)
+    upstream = failure.upstream
+    if details.code == grpc.StatusCode.UNAUTHENTICATED:
+        # The service refused the gateway's own credential or acting user: a deployment fault, not
+        # the browser's. Answering 401 would make the browser discard a perfectly good token.
+        logger.error(
+            "upstream refused the gateway's credential", extra={"upstream": upstream, "reason": details.reason}
+        )
+        return internal_error_response()
+    if details.reason:
+        logger.info(
+            "upstream refused call",
+            extra={"upstream": upstream, "code": details.code.name, "reason": details.reason},
+        )
+        return error_response(
+            details.code,
+            details.message,
+            reason=details.reason,
+            domain=details.domain,
+            metadata=details.metadata,
+            violations=details.violations,
+        )
+    logger.warning("upstream call failed", extra={"upstream": upstream, "code": details.code.name})
+    if details.code == grpc.StatusCode.UNAVAILABLE:
+        message, reason = f"{upstream} is unavailable", "UPSTREAM_UNAVAILABLE"
+    elif details.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        message, reason = f"{upstream} did not answer in time", "UPSTREAM_TIMEOUT"
+    elif HTTP_STATUS[details.code] >= 500:
+        return internal_error_response()
+    else:
+        message, reason = f"{upstream} refused the call", f"UPSTREAM_{details.code.name}"
+    return error_response(details.code, message, reason=reason, domain=DOMAIN, metadata={"upstream": upstream})
+
+
+def _http_exception_error(exc: HTTPException) -> GatewayError:
+    """Routing and framework refusals (no such route, wrong method) in AIP-193 form."""
+    if exc.status_code == 404:
+        return GatewayError(grpc.StatusCode.NOT_FOUND, "no such resource", reason="ROUTE_NOT_FOUND")
+    if exc.status_code == 405:
+        return GatewayError(
+            grpc.StatusCode.UNIMPLEMENTED, "method not allowed", reason="METHOD_NOT_ALLOWED", http_status=405
+        )
+    if exc.status_code < 500:
+        return GatewayError(
+            grpc.StatusCode.INVALID_ARGUMENT, exc.detail, reason="BAD_REQUEST", http_status=exc.status_code
+        )
+    return GatewayError(grpc.StatusCode.INTERNAL, "internal error", reason="INTERNAL")
+
+
+async def _handle_gateway_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, GatewayError)
+    return exc.response()
+
+
+async def _handle_upstream_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, UpstreamError)
+    return upstream_error_response(exc)
+
+
+async def _handle_http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    response = _http_exception_error(exc).response()
+    if exc.headers:
+        # e.g. Allow on a 405.
+        response.headers.update(exc.headers)
+    return response
+
+
+def exception_handlers() -> dict[Any, ExceptionHandler]:
+    """Starlette exception handlers turning every expected failure into an AIP-193 response.
+
+    Anything else is caught by `access_log.AccessLogMiddleware`, which answers a bare 500.
+    """
+    return {
+        GatewayError: _handle_gateway_error,
+        UpstreamError: _handle_upstream_error,
+        HTTPException: _handle_http_exception,
+    }

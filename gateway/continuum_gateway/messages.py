@@ -1,0 +1,108 @@
+"""Message routes, each a thin translation onto one TranscriptService RPC.
+
+    POST /v1/sessions/{session_id}/messages                    AppendMessages
+         body {"messages": [NewMessage, ...]}
+    GET  /v1/sessions/{session_id}/messages                    ListMessagesAfter
+         ?after=<message id>&pageSize=&pageToken=
+    GET  /v1/sessions/{session_id}/messages:page               ListMessagePage
+         ?anchor=<message id>&direction=older|newer&pageSize=
+    GET  /v1/sessions/{session_id}/messages/{message_id}       GetMessage
+    POST /v1/sessions/{session_id}/messages/{message_id}:edit  EditUserMessage
+         body {"content": [ContentPart, ...], "expectedHistoryGeneration": "3"}
+
+`:page` and `:edit` are AIP-136 custom methods; Starlette matches the colon literally. A GET of
+``.../messages/7:edit`` reaches GetMessage with the id "7:edit" and is refused as an invalid id.
+Message ids are int64, so responses carry them as JSON strings; requests accept both forms.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from continuum.transcript.v1 import transcript_service_pb2
+from continuum_gateway.auth import acting_user
+from continuum_gateway.protojson import bind_path, bind_query, json_response, parse_body
+from continuum_gateway.routing import resource
+from continuum_gateway.upstream import upstreams_of
+
+_DIRECTIONS = {"older": "PAGE_DIRECTION_OLDER", "newer": "PAGE_DIRECTION_NEWER"}
+
+
+async def append_messages(request: Request) -> Response:
+    """Append a batch of messages atomically; answers the stored messages with their ids."""
+    message = await parse_body(request, transcript_service_pb2.AppendMessagesRequest())
+    # The path names the session, whatever the body says.
+    message.session_id = request.path_params["session_id"]
+    upstreams = upstreams_of(request)
+    response: transcript_service_pb2.AppendMessagesResponse = await upstreams.call_transcript(
+        upstreams.transcript.AppendMessages, message, user=acting_user(request)
+    )
+    return json_response(response)
+
+
+async def list_messages_after(request: Request) -> Response:
+    """Live messages with ids above `after` (0 or absent: from the start), paged."""
+    message = bind_query(
+        request,
+        transcript_service_pb2.ListMessagesAfterRequest(session_id=request.path_params["session_id"]),
+        {"after": "afterMessageId", "pageSize": "pageSize", "pageToken": "pageToken"},
+    )
+    upstreams = upstreams_of(request)
+    response: transcript_service_pb2.ListMessagesAfterResponse = await upstreams.call_transcript(
+        upstreams.transcript.ListMessagesAfter, message, user=acting_user(request)
+    )
+    return json_response(response)
+
+
+async def list_message_page(request: Request) -> Response:
+    """A page of live messages older or newer than `anchor` (absent: the latest page)."""
+    message = bind_query(
+        request,
+        transcript_service_pb2.ListMessagePageRequest(session_id=request.path_params["session_id"]),
+        {"anchor": "anchorMessageId", "direction": "direction", "pageSize": "pageSize"},
+        values={"direction": _DIRECTIONS},
+    )
+    upstreams = upstreams_of(request)
+    response: transcript_service_pb2.ListMessagePageResponse = await upstreams.call_transcript(
+        upstreams.transcript.ListMessagePage, message, user=acting_user(request)
+    )
+    return json_response(response)
+
+
+async def get_message(request: Request) -> Response:
+    """One message by id, deleted or not."""
+    message = bind_path(
+        request,
+        transcript_service_pb2.GetMessageRequest(session_id=request.path_params["session_id"]),
+        {"message_id": "messageId"},
+    )
+    upstreams = upstreams_of(request)
+    response: transcript_service_pb2.GetMessageResponse = await upstreams.call_transcript(
+        upstreams.transcript.GetMessage, message, user=acting_user(request)
+    )
+    return json_response(response)
+
+
+async def edit_user_message(request: Request) -> Response:
+    """Replace a USER message's content; every later message of the session is deleted."""
+    message = await parse_body(request, transcript_service_pb2.EditUserMessageRequest())
+    message.session_id = request.path_params["session_id"]
+    bind_path(request, message, {"message_id": "messageId"})
+    upstreams = upstreams_of(request)
+    response: transcript_service_pb2.EditUserMessageResponse = await upstreams.call_transcript(
+        upstreams.transcript.EditUserMessage, message, user=acting_user(request)
+    )
+    return json_response(response)
+
+
+ROUTES = [
+    resource(
+        "/v1/sessions/{session_id}/messages",
+        "messages",
+        {"POST": append_messages, "GET": list_messages_after},
+    ),
+    resource("/v1/sessions/{session_id}/messages:page", "message_page", {"GET": list_message_page}),
+    resource("/v1/sessions/{session_id}/messages/{message_id}", "message", {"GET": get_message}),
+    resource("/v1/sessions/{session_id}/messages/{message_id}:edit", "message_edit", {"POST": edit_user_message}),
+]

@@ -1,0 +1,94 @@
+"""Session routes, each a thin translation onto one TranscriptService RPC.
+
+POST   /v1/sessions                  CreateSession   (body: CreateSessionRequest; 201, or 200 if it existed)
+GET    /v1/sessions                  ListSessions    (?pageSize=&pageToken=&parentSessionId=)
+GET    /v1/sessions/{session_id}     GetSession      (?includeDeleted=true|false)
+PATCH  /v1/sessions/{session_id}     UpdateSession   (body: Session fields; ?updateMask=title,model)
+DELETE /v1/sessions/{session_id}     DeleteSession
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from continuum.transcript.v1 import resources_pb2, transcript_service_pb2
+from continuum_gateway.auth import acting_user
+from continuum_gateway.protojson import bind_query, json_response, parse_body
+from continuum_gateway.routing import resource
+from continuum_gateway.upstream import upstreams_of
+
+
+async def create_session(request: Request) -> Response:
+    """Create a session; a caller-chosen id makes the call idempotent."""
+    message = await parse_body(request, transcript_service_pb2.CreateSessionRequest())
+    upstreams = upstreams_of(request)
+    response: transcript_service_pb2.CreateSessionResponse = await upstreams.call_transcript(
+        upstreams.transcript.CreateSession, message, user=acting_user(request)
+    )
+    location = request.url_for("session", session_id=response.session.session_id).path
+    return json_response(response, status_code=201 if response.created else 200, headers={"Location": location})
+
+
+async def list_sessions(request: Request) -> Response:
+    """A page of the user's sessions, newest first."""
+    message = bind_query(
+        request,
+        transcript_service_pb2.ListSessionsRequest(),
+        {"pageSize": "pageSize", "pageToken": "pageToken", "parentSessionId": "parentSessionId"},
+    )
+    upstreams = upstreams_of(request)
+    response: transcript_service_pb2.ListSessionsResponse = await upstreams.call_transcript(
+        upstreams.transcript.ListSessions, message, user=acting_user(request)
+    )
+    return json_response(response)
+
+
+async def get_session(request: Request) -> Response:
+    """One session of the user."""
+    message = bind_query(
+        request,
+        transcript_service_pb2.GetSessionRequest(session_id=request.path_params["session_id"]),
+        {"includeDeleted": "includeDeleted"},
+    )
+    upstreams = upstreams_of(request)
+    response: transcript_service_pb2.GetSessionResponse = await upstreams.call_transcript(
+        upstreams.transcript.GetSession, message, user=acting_user(request)
+    )
+    return json_response(response)
+
+
+async def update_session(request: Request) -> Response:
+    """Change the session fields named by `updateMask`; the path, not the body, names the session."""
+    session = await parse_body(request, resources_pb2.Session())
+    session.session_id = request.path_params["session_id"]
+    message = bind_query(
+        request, transcript_service_pb2.UpdateSessionRequest(session=session), {"updateMask": "updateMask"}
+    )
+    upstreams = upstreams_of(request)
+    response: transcript_service_pb2.UpdateSessionResponse = await upstreams.call_transcript(
+        upstreams.transcript.UpdateSession, message, user=acting_user(request)
+    )
+    return json_response(response)
+
+
+async def delete_session(request: Request) -> Response:
+    """Logically delete a session and its subtree."""
+    message = bind_query(
+        request, transcript_service_pb2.DeleteSessionRequest(session_id=request.path_params["session_id"]), {}
+    )
+    upstreams = upstreams_of(request)
+    response: transcript_service_pb2.DeleteSessionResponse = await upstreams.call_transcript(
+        upstreams.transcript.DeleteSession, message, user=acting_user(request)
+    )
+    return json_response(response)
+
+
+ROUTES = [
+    resource("/v1/sessions", "sessions", {"POST": create_session, "GET": list_sessions}),
+    resource(
+        "/v1/sessions/{session_id}",
+        "session",
+        {"GET": get_session, "PATCH": update_session, "DELETE": delete_session},
+    ),
+]

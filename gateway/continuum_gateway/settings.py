@@ -1,0 +1,73 @@
+"""Gateway settings, read once at start from `GATEWAY_*` environment variables and passed in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from continuum_runtime.auth import USER_ID_PATTERN
+
+# The user the optional development token stands for.
+DEV_USER = "dev"
+# Services accept only acting users of this shape (see `continuum_runtime.auth`); checking it here
+# turns a misconfigured user into a start-up failure instead of a 500 on every call.
+
+
+class GatewaySettings(BaseSettings):
+    """Everything the gateway process needs. Secrets are `SecretStr` so they never reach a log or repr.
+
+    Not derived from `continuum_runtime.settings.ServiceSettings`: that describes a gRPC service with
+    a database, which the gateway is not.
+    """
+
+    # hide_input_in_errors: a validation error would otherwise quote the raw input, tokens included.
+    model_config = SettingsConfigDict(env_prefix="GATEWAY_", frozen=True, extra="ignore", hide_input_in_errors=True)
+
+    host: str = "127.0.0.1"
+    # 0 binds a free port; the bound port is written to `<data_dir>/run/gateway.port`.
+    port: int = Field(default=8080, ge=0, le=65535)
+    # Where the run files (the port file) live.
+    data_dir: Path = Path(".continuum")
+    # host:port of the transcript gRPC service.
+    transcript_address: str = "127.0.0.1:50151"
+    # The credential the gateway presents to the services.
+    service_token: SecretStr = SecretStr("")
+    # Browser bearer token -> user id, given as a JSON object. Keys are secrets; the ids are not.
+    users: dict[SecretStr, str] = Field(default_factory=dict)
+    # A development convenience: when set, this bearer token acts as the user "dev".
+    dev_token: SecretStr | None = None
+    log_level: str = "INFO"
+    # Deadline of every upstream call made for a browser request.
+    upstream_timeout_seconds: float = Field(default=30.0, gt=0)
+    # /readyz must answer quickly even when an upstream hangs.
+    readiness_timeout_seconds: float = Field(default=1.0, gt=0)
+    # Largest request body accepted; above transcript's 48 MiB append batch with room for JSON overhead.
+    max_request_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    # Largest gRPC message exchanged with a service (a message page can reach about 16 MiB).
+    grpc_max_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
+    # How long requests in flight may take to finish after SIGINT or SIGTERM.
+    shutdown_grace_seconds: int = Field(default=5, ge=0)
+
+    @model_validator(mode="after")
+    def _check_users(self) -> GatewaySettings:
+        if self.dev_token is not None:
+            dev = self.dev_token.get_secret_value()
+            if not dev:
+                raise ValueError("GATEWAY_DEV_TOKEN must not be empty when set")
+            if any(token.get_secret_value() == dev and user != DEV_USER for token, user in self.users.items()):
+                raise ValueError("GATEWAY_DEV_TOKEN is also the GATEWAY_USERS token of another user")
+        for token, user in self.users.items():
+            if not token.get_secret_value():
+                raise ValueError("GATEWAY_USERS: a bearer token must not be empty")
+            if not USER_ID_PATTERN.match(user):
+                raise ValueError(f"GATEWAY_USERS: user id {user!r} must match {USER_ID_PATTERN.pattern}")
+        return self
+
+    def user_tokens(self) -> dict[str, str]:
+        """Every accepted bearer token (in clear) and the user it stands for, dev token included."""
+        tokens = {token.get_secret_value(): user for token, user in self.users.items()}
+        if self.dev_token is not None:
+            tokens[self.dev_token.get_secret_value()] = DEV_USER
+        return tokens

@@ -1,0 +1,95 @@
+"""The gateway's connections to the services: one grpc.aio channel each, opened at start-up.
+
+`connect(settings)` is entered by the app's lifespan, which hands the `Upstreams` to requests through
+the lifespan state; nothing here is a module-level client. Calls made for a browser request carry the
+service credential and the acting user, so the service (not the gateway) decides ownership.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from starlette.requests import Request
+
+from continuum.transcript.v1 import transcript_service_pb2, transcript_service_pb2_grpc
+from continuum_gateway.errors import UpstreamError
+from continuum_gateway.settings import GatewaySettings
+from continuum_runtime.auth import call_metadata
+from continuum_runtime.channels import open_channel
+
+logger = logging.getLogger("continuum.gateway")
+
+TRANSCRIPT = "transcript"
+TRANSCRIPT_SERVICE = transcript_service_pb2.DESCRIPTOR.services_by_name["TranscriptService"].full_name
+# Key of the lifespan state entry holding the `Upstreams`.
+STATE_KEY = "upstreams"
+# The health service's name for a ready upstream.
+SERVING = "SERVING"
+
+
+class Upstreams:
+    """Stubs of every service the gateway calls, over channels it owns."""
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        self._transcript_channel = open_channel(settings.transcript_address, settings.grpc_max_message_bytes)
+        self.transcript = transcript_service_pb2_grpc.TranscriptServiceStub(self._transcript_channel)
+        self._transcript_health = health_pb2_grpc.HealthStub(self._transcript_channel)
+        self._service_token = settings.service_token
+        self._timeout = settings.upstream_timeout_seconds
+        self._readiness_timeout = settings.readiness_timeout_seconds
+
+    async def call_transcript(self, rpc: Callable[..., Awaitable[Any]], request: Message, *, user: str) -> Any:
+        """Call a transcript RPC (e.g. ``upstreams.transcript.GetSession``) on behalf of `user`.
+
+        A failed call raises `UpstreamError`, which the app turns into the matching HTTP error.
+        """
+        metadata = call_metadata(self._service_token.get_secret_value(), user)
+        try:
+            return await rpc(request, metadata=metadata, timeout=self._timeout)
+        except grpc.aio.AioRpcError as error:
+            raise UpstreamError(TRANSCRIPT, error) from None
+
+    async def readiness(self) -> dict[str, str]:
+        """Each upstream's serving status per the standard gRPC health service.
+
+        Values are the health service's names ("SERVING", "NOT_SERVING", ...), or the gRPC code name
+        of the failed check (e.g. "UNAVAILABLE" when nothing listens, "DEADLINE_EXCEEDED" when the
+        check takes longer than the readiness timeout).
+        """
+        request = health_pb2.HealthCheckRequest(service=TRANSCRIPT_SERVICE)
+        try:
+            response = await self._transcript_health.Check(request, timeout=self._readiness_timeout)
+            status = str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
+        except grpc.aio.AioRpcError as error:
+            status = str(error.code().name)
+        return {TRANSCRIPT: status}
+
+    async def close(self) -> None:
+        """Close every channel; calls still in flight are cancelled."""
+        await self._transcript_channel.close()
+
+
+@asynccontextmanager
+async def connect(settings: GatewaySettings) -> AsyncIterator[Upstreams]:
+    """Open the channels for the app's lifetime. Channels connect lazily, so a service that is down
+    at start-up does not stop the gateway; /readyz reports it instead."""
+    upstreams = Upstreams(settings)
+    logger.info("upstreams configured", extra={TRANSCRIPT: settings.transcript_address})
+    try:
+        yield upstreams
+    finally:
+        await upstreams.close()
+
+
+def upstreams_of(request: Request) -> Upstreams:
+    """The `Upstreams` the lifespan put in the request's state."""
+    upstreams = getattr(request.state, STATE_KEY, None)
+    if not isinstance(upstreams, Upstreams):
+        raise RuntimeError("the gateway's lifespan did not run: no upstreams in the request state")
+    return upstreams

@@ -1,0 +1,112 @@
+"""Browser authentication: bearer tokens of configured users, 401 (AIP-193) for anything else."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import httpx
+import pytest
+from gateway_testing import ALICE_TOKEN, assert_error, bearer, gateway_settings, serving, unused_address
+from pydantic import SecretStr, ValidationError
+
+from continuum_gateway.app import create_app
+from continuum_gateway.auth import Authenticator
+from continuum_gateway.settings import GatewaySettings
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer not-a-known-token"},
+        {"Authorization": f"Basic {ALICE_TOKEN}"},
+        {"Authorization": "Bearer "},
+        {"Authorization": ALICE_TOKEN},
+        {"Authorization": f"Bearer {ALICE_TOKEN}x"},
+    ],
+    ids=["missing", "unknown", "wrong-scheme", "empty", "no-scheme", "prefix-of-a-token"],
+)
+async def test_requests_without_a_known_token_are_401(
+    offline_gateway: httpx.AsyncClient, headers: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.DEBUG):
+        response = await offline_gateway.get("/v1/sessions", headers=headers)
+    error = assert_error(response, 401, "UNAUTHENTICATED", "UNAUTHENTICATED")
+    assert error["details"][0]["domain"] == "gateway.continuum"
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert ALICE_TOKEN not in caplog.text
+
+
+async def test_unknown_paths_do_not_reveal_themselves_to_strangers(offline_gateway: httpx.AsyncClient) -> None:
+    assert_error(await offline_gateway.get("/v1/no-such-thing"), 401, "UNAUTHENTICATED")
+
+
+async def test_probes_need_no_token(offline_gateway: httpx.AsyncClient) -> None:
+    assert (await offline_gateway.get("/healthz")).status_code == 200
+    assert (await offline_gateway.get("/readyz")).status_code == 503
+
+
+async def test_a_known_token_passes_authentication(offline_gateway: httpx.AsyncClient) -> None:
+    # Past authentication the request reaches the (absent) upstream: 503, not 401.
+    response = await offline_gateway.get("/v1/sessions", headers=bearer(ALICE_TOKEN))
+    assert_error(response, 503, "UNAVAILABLE")
+
+
+async def test_dev_token_acts_as_dev(tmp_path: Path) -> None:
+    settings = gateway_settings(tmp_path, unused_address(), users={}, dev_token=SecretStr("let-me-in"))
+    async with serving(create_app(settings)) as client:
+        assert_error(await client.get("/v1/sessions", headers=bearer("let-me-in")), 503, "UNAVAILABLE")
+        assert_error(await client.get("/v1/sessions", headers=bearer(ALICE_TOKEN)), 401, "UNAUTHENTICATED")
+
+
+def test_authenticator_resolves_tokens_case_insensitive_scheme() -> None:
+    authenticator = Authenticator({"t0k": "alice"})
+    assert authenticator.user_for("Bearer t0k") == "alice"
+    assert authenticator.user_for("bearer t0k") == "alice"
+    assert authenticator.user_for("Bearer T0K") is None
+    assert authenticator.user_for(None) is None
+
+
+def test_users_come_from_json_and_never_show_in_repr(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_USERS", '{"secret-alice": "alice", "secret-bob": "bob"}')
+    monkeypatch.setenv("GATEWAY_DEV_TOKEN", "secret-dev")
+    monkeypatch.setenv("GATEWAY_SERVICE_TOKEN", "secret-service")
+    monkeypatch.setenv("GATEWAY_PORT", "0")
+    settings = GatewaySettings()
+    assert settings.user_tokens() == {"secret-alice": "alice", "secret-bob": "bob", "secret-dev": "dev"}
+    assert settings.port == 0
+    assert "secret" not in repr(settings)
+    assert "secret" not in str(settings.model_dump())
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"users": {SecretStr("secret-t"): "not a valid user"}},
+        {"users": {SecretStr(""): "alice"}},
+        {"dev_token": SecretStr("")},
+        {"users": {SecretStr("secret-t"): "alice"}, "dev_token": SecretStr("secret-t")},
+    ],
+    ids=["bad-user-id", "empty-token", "empty-dev-token", "dev-token-of-another-user"],
+)
+def test_misconfigured_users_fail_at_start_without_quoting_secrets(overrides: dict[str, object]) -> None:
+    with pytest.raises(ValidationError) as caught:
+        GatewaySettings(service_token=SecretStr("secret-service"), **overrides)  # type: ignore[arg-type]
+    assert "secret" not in str(caught.value)
+
+
+def test_invalid_users_json_fails_without_quoting_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_USERS", '{"secret-token": "bob"')
+    with pytest.raises(ValueError, match="users") as caught:
+        GatewaySettings()
+    assert "secret" not in str(caught.value)
+
+
+def test_validation_errors_do_not_quote_environment_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_SERVICE_TOKEN", "secret-service")
+    monkeypatch.setenv("GATEWAY_USERS", '{"secret-token": "not a valid user"}')
+    with pytest.raises(ValidationError) as caught:
+        GatewaySettings()
+    assert "not a valid user" in str(caught.value)
+    assert "secret" not in str(caught.value)
