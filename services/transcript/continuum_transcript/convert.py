@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from google.protobuf import json_format
@@ -25,7 +26,8 @@ def timestamp(epoch_ms: int | None) -> Timestamp | None:
 def struct(value: dict[str, Any]) -> Struct:
     """A Struct from a JSON object."""
     result = Struct()
-    json_format.ParseDict(value, result)
+    if value:
+        json_format.ParseDict(value, result)
     return result
 
 
@@ -61,7 +63,7 @@ def content_part(part: dict[str, Any], media_types: dict[str, str]) -> pb.Conten
     return pb.ContentPart(text=part["text"])
 
 
-def message(row: RowMapping, media_types: dict[str, str] | None = None) -> pb.Message:
+def message(row: Mapping[Any, Any], media_types: dict[str, str] | None = None) -> pb.Message:
     """The Message resource of a row."""
     known = media_types or {}
     return pb.Message(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import ColumnElement, RowMapping, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -18,7 +20,9 @@ from continuum_transcript.tables import attachments, messages
 from continuum_transcript.validation import MessageRow
 
 
-async def append(connection: AsyncConnection, owner: str, session_id: str, batch: list[MessageRow]) -> list[RowMapping]:
+async def append(
+    connection: AsyncConnection, owner: str, session_id: str, batch: list[MessageRow]
+) -> list[dict[str, Any]]:
     """Insert the whole batch in one statement; ids come back in the order given."""
     await sessions.load(connection, owner, session_id)
     referenced = sorted({attachment for row in batch for attachment in row.attachment_ids()})
@@ -49,11 +53,12 @@ async def append(connection: AsyncConnection, owner: str, session_id: str, batch
         }
         for row in batch
     ]
+    # Only the ids come back: the response is built from the rows already in hand, which spares
+    # decoding every JSON column again on the hot path.
     result = await connection.execute(
-        insert(messages).returning(*messages.c, sort_by_parameter_order=True),
-        rows,
+        insert(messages).returning(messages.c.message_id, sort_by_parameter_order=True), rows
     )
-    return list(result.mappings())
+    return [{**row, "message_id": message_id} for row, (message_id,) in zip(rows, result.all(), strict=True)]
 
 
 async def get(connection: AsyncConnection, owner: str, session_id: str, message_id: int) -> RowMapping:

@@ -5,11 +5,11 @@ Handlers raise TranscriptError; the runtime's interceptor maps it to a status. N
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import grpc
-from sqlalchemy import RowMapping, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from continuum.transcript.v1 import resources_pb2 as pb
@@ -46,7 +46,7 @@ def _optional_user(context: Context) -> str | None:
     return None
 
 
-async def _with_media_types(connection: AsyncConnection, rows: Sequence[RowMapping]) -> list[pb.Message]:
+async def _with_media_types(connection: AsyncConnection, rows: Sequence[Mapping[Any, Any]]) -> list[pb.Message]:
     ids = sorted({p["attachment"]["attachment_id"] for r in rows for p in r["content"] if "attachment" in p})
     known: dict[str, str] = {}
     if ids:

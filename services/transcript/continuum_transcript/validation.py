@@ -50,6 +50,8 @@ def text(value: str, field: str, max_chars: int) -> str:
 
 def metadata(value: Struct, field: str = "metadata") -> dict[str, Any]:
     """A JSON object of at most 64 KiB."""
+    if not value.fields:
+        return {}
     as_dict: dict[str, Any] = json_format.MessageToDict(value)
     if len(json.dumps(as_dict).encode()) > MAX_METADATA_BYTES:
         raise BadRequest(field, f"must serialize to at most {MAX_METADATA_BYTES} bytes")
