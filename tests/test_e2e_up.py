@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from process_testing import alive, children_of
 
 pytestmark = pytest.mark.e2e
 
@@ -28,28 +29,6 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str, diagnosti
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout} s waiting for {what}\n{diagnostics()}")
         time.sleep(0.1)
-
-
-def alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
-
-
-def children_of(parent: int) -> set[int]:
-    """Live processes whose parent is `parent`, from /proc."""
-    found = set()
-    for stat_path in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat_path.read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if int(fields[1]) == parent and fields[0] != "Z":
-            found.add(int(stat_path.parent.name))
-    return found
 
 
 class Run:
