@@ -144,26 +144,10 @@ def error_body(
 
 
 def error_response(
-    code: grpc.StatusCode,
-    message: str,
-    *,
-    http_status: int | None = None,
-    reason: str = "",
-    domain: str = "",
-    metadata: Mapping[str, str] | None = None,
-    violations: list[FieldViolation] | None = None,
-    headers: Mapping[str, str] | None = None,
+    code: grpc.StatusCode, message: str, *, headers: Mapping[str, str] | None = None, **details: Any
 ) -> JSONResponse:
-    """`error_body` as a response whose HTTP status matches the body's `code`."""
-    body = error_body(
-        code,
-        message,
-        http_status=http_status,
-        reason=reason,
-        domain=domain,
-        metadata=metadata,
-        violations=violations,
-    )
+    """`error_body(code, message, **details)` as a response whose HTTP status matches the body's `code`."""
+    body = error_body(code, message, **details)
     return JSONResponse(body, status_code=body["error"]["code"], headers=headers)
 
 

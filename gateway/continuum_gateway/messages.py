@@ -21,10 +21,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from continuum.transcript.v1 import transcript_service_pb2
-from continuum_gateway.auth import acting_user
 from continuum_gateway.protojson import bind_path, bind_query, json_response, parse_body
 from continuum_gateway.routing import resource
-from continuum_gateway.upstream import upstreams_of
+from continuum_gateway.upstream import call_transcript
 
 _DIRECTIONS = {"older": "PAGE_DIRECTION_OLDER", "newer": "PAGE_DIRECTION_NEWER"}
 
@@ -34,9 +33,8 @@ async def append_messages(request: Request) -> Response:
     message = await parse_body(request, transcript_service_pb2.AppendMessagesRequest())
     # The path names the session, whatever the body says.
     message.session_id = request.path_params["session_id"]
-    upstreams = upstreams_of(request)
-    response: transcript_service_pb2.AppendMessagesResponse = await upstreams.call_transcript(
-        upstreams.transcript.AppendMessages, message, user=acting_user(request)
+    response: transcript_service_pb2.AppendMessagesResponse = await call_transcript(
+        request, lambda t: t.AppendMessages, message
     )
     return json_response(response)
 
@@ -48,9 +46,8 @@ async def list_messages_after(request: Request) -> Response:
         transcript_service_pb2.ListMessagesAfterRequest(session_id=request.path_params["session_id"]),
         {"after": "afterMessageId", "pageSize": "pageSize", "pageToken": "pageToken"},
     )
-    upstreams = upstreams_of(request)
-    response: transcript_service_pb2.ListMessagesAfterResponse = await upstreams.call_transcript(
-        upstreams.transcript.ListMessagesAfter, message, user=acting_user(request)
+    response: transcript_service_pb2.ListMessagesAfterResponse = await call_transcript(
+        request, lambda t: t.ListMessagesAfter, message
     )
     return json_response(response)
 
@@ -63,9 +60,8 @@ async def list_message_page(request: Request) -> Response:
         {"anchor": "anchorMessageId", "direction": "direction", "pageSize": "pageSize"},
         values={"direction": _DIRECTIONS},
     )
-    upstreams = upstreams_of(request)
-    response: transcript_service_pb2.ListMessagePageResponse = await upstreams.call_transcript(
-        upstreams.transcript.ListMessagePage, message, user=acting_user(request)
+    response: transcript_service_pb2.ListMessagePageResponse = await call_transcript(
+        request, lambda t: t.ListMessagePage, message
     )
     return json_response(response)
 
@@ -77,9 +73,8 @@ async def get_message(request: Request) -> Response:
         transcript_service_pb2.GetMessageRequest(session_id=request.path_params["session_id"]),
         {"message_id": "messageId"},
     )
-    upstreams = upstreams_of(request)
-    response: transcript_service_pb2.GetMessageResponse = await upstreams.call_transcript(
-        upstreams.transcript.GetMessage, message, user=acting_user(request)
+    response: transcript_service_pb2.GetMessageResponse = await call_transcript(
+        request, lambda t: t.GetMessage, message
     )
     return json_response(response)
 
@@ -89,9 +84,8 @@ async def edit_user_message(request: Request) -> Response:
     message = await parse_body(request, transcript_service_pb2.EditUserMessageRequest())
     message.session_id = request.path_params["session_id"]
     bind_path(request, message, {"message_id": "messageId"})
-    upstreams = upstreams_of(request)
-    response: transcript_service_pb2.EditUserMessageResponse = await upstreams.call_transcript(
-        upstreams.transcript.EditUserMessage, message, user=acting_user(request)
+    response: transcript_service_pb2.EditUserMessageResponse = await call_transcript(
+        request, lambda t: t.EditUserMessage, message
     )
     return json_response(response)
 

@@ -13,18 +13,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from continuum.transcript.v1 import resources_pb2, transcript_service_pb2
-from continuum_gateway.auth import acting_user
 from continuum_gateway.protojson import bind_query, json_response, parse_body
 from continuum_gateway.routing import resource
-from continuum_gateway.upstream import upstreams_of
+from continuum_gateway.upstream import call_transcript
 
 
 async def create_session(request: Request) -> Response:
     """Create a session; a caller-chosen id makes the call idempotent."""
     message = await parse_body(request, transcript_service_pb2.CreateSessionRequest())
-    upstreams = upstreams_of(request)
-    response: transcript_service_pb2.CreateSessionResponse = await upstreams.call_transcript(
-        upstreams.transcript.CreateSession, message, user=acting_user(request)
+    response: transcript_service_pb2.CreateSessionResponse = await call_transcript(
+        request, lambda t: t.CreateSession, message
     )
     location = request.url_for("session", session_id=response.session.session_id).path
     return json_response(response, status_code=201 if response.created else 200, headers={"Location": location})
@@ -37,9 +35,8 @@ async def list_sessions(request: Request) -> Response:
         transcript_service_pb2.ListSessionsRequest(),
         {"pageSize": "pageSize", "pageToken": "pageToken", "parentSessionId": "parentSessionId"},
     )
-    upstreams = upstreams_of(request)
-    response: transcript_service_pb2.ListSessionsResponse = await upstreams.call_transcript(
-        upstreams.transcript.ListSessions, message, user=acting_user(request)
+    response: transcript_service_pb2.ListSessionsResponse = await call_transcript(
+        request, lambda t: t.ListSessions, message
     )
     return json_response(response)
 
@@ -51,9 +48,8 @@ async def get_session(request: Request) -> Response:
         transcript_service_pb2.GetSessionRequest(session_id=request.path_params["session_id"]),
         {"includeDeleted": "includeDeleted"},
     )
-    upstreams = upstreams_of(request)
-    response: transcript_service_pb2.GetSessionResponse = await upstreams.call_transcript(
-        upstreams.transcript.GetSession, message, user=acting_user(request)
+    response: transcript_service_pb2.GetSessionResponse = await call_transcript(
+        request, lambda t: t.GetSession, message
     )
     return json_response(response)
 
@@ -65,9 +61,8 @@ async def update_session(request: Request) -> Response:
     message = bind_query(
         request, transcript_service_pb2.UpdateSessionRequest(session=session), {"updateMask": "updateMask"}
     )
-    upstreams = upstreams_of(request)
-    response: transcript_service_pb2.UpdateSessionResponse = await upstreams.call_transcript(
-        upstreams.transcript.UpdateSession, message, user=acting_user(request)
+    response: transcript_service_pb2.UpdateSessionResponse = await call_transcript(
+        request, lambda t: t.UpdateSession, message
     )
     return json_response(response)
 
@@ -77,9 +72,8 @@ async def delete_session(request: Request) -> Response:
     message = bind_query(
         request, transcript_service_pb2.DeleteSessionRequest(session_id=request.path_params["session_id"]), {}
     )
-    upstreams = upstreams_of(request)
-    response: transcript_service_pb2.DeleteSessionResponse = await upstreams.call_transcript(
-        upstreams.transcript.DeleteSession, message, user=acting_user(request)
+    response: transcript_service_pb2.DeleteSessionResponse = await call_transcript(
+        request, lambda t: t.DeleteSession, message
     )
     return json_response(response)
 

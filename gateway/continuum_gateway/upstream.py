@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from starlette.requests import Request
 
 from continuum.transcript.v1 import transcript_service_pb2, transcript_service_pb2_grpc
+from continuum_gateway.auth import acting_user
 from continuum_gateway.errors import UpstreamError
 from continuum_gateway.settings import GatewaySettings
 from continuum_runtime.auth import call_metadata
@@ -93,3 +94,12 @@ def upstreams_of(request: Request) -> Upstreams:
     if not isinstance(upstreams, Upstreams):
         raise RuntimeError("the gateway's lifespan did not run: no upstreams in the request state")
     return upstreams
+
+
+TranscriptRpc = Callable[[transcript_service_pb2_grpc.TranscriptServiceStub], Callable[..., Awaitable[Any]]]
+
+
+async def call_transcript(request: Request, select: TranscriptRpc, message: Message) -> Any:
+    """Call the transcript RPC `select` picks (e.g. ``lambda t: t.GetSession``) for the request's user."""
+    upstreams = upstreams_of(request)
+    return await upstreams.call_transcript(select(upstreams.transcript), message, user=acting_user(request))
