@@ -63,7 +63,7 @@ class InvalidArgument(ServiceError):
     code = grpc.StatusCode.INVALID_ARGUMENT
     reason = "INVALID_ARGUMENT"
 
-    def __init__(self, field: str, description: str, **kwargs: object) -> None:
+    def __init__(self, field: str, description: str) -> None:
         super().__init__(f"{field}: {description}", violations=[FieldViolation(field, description)])
 
 

@@ -58,7 +58,8 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
 
 def _log_failure(method: str, error: BaseException) -> ServiceError | None:
     if isinstance(error, ServiceError):
-        logger.info("rpc refused", extra={"method": method, "reason": error.reason, **error.metadata})
+        # Nested: a metadata key must never collide with a LogRecord attribute.
+        logger.info("rpc refused", extra={"method": method, "reason": error.reason, "ids": error.metadata})
         return error
     logger.error("rpc failed", extra={"method": method}, exc_info=error)
     return None

@@ -183,13 +183,13 @@ class TranscriptServicer(api_grpc.TranscriptServiceServicer):
             rows = await messages.list_after(connection, owner, session_id, start, size + 1)
             more = len(rows) > size
             page = await _with_media_types(connection, rows[:size])
-        kept, total = 0, 0
-        for kept, item in enumerate(page, start=1):  # noqa: B007 - `kept` is read after the loop
+        # Stop early past the soft byte limit, but always return at least one message.
+        total = 0
+        for kept, item in enumerate(page, start=1):
             total += item.ByteSize()
-            if total >= PAGE_BYTES_SOFT_LIMIT:
+            if total >= PAGE_BYTES_SOFT_LIMIT and kept < len(page):
+                page, more = page[:kept], True
                 break
-        more = more or kept < len(page)
-        page = page[:kept]
         token = encode_page_token(page[-1].message_id, parameters) if more and page else ""
         return api.ListMessagesAfterResponse(messages=page, next_page_token=token)
 

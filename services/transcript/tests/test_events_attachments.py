@@ -132,3 +132,16 @@ async def test_oversize_or_malformed_uploads_leave_nothing(transcript: Transcrip
     store = transcript.settings.resolved_attachments_dir()
     leftovers = [p for p in store.rglob("*") if p.is_file()] if store.exists() else []
     assert leftovers == []
+
+
+async def test_upload_must_start_with_its_header(transcript: TranscriptClient) -> None:
+    await _create(transcript, "s")
+    call = transcript.stub.UploadAttachment(metadata=transcript.as_user("alice"))
+    try:
+        await call.write(api.UploadAttachmentRequest(chunk=b"bytes first"))
+        await call.done_writing()
+    except asyncio.InvalidStateError:
+        pass
+    await refused(call, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT")
+    store = transcript.settings.resolved_attachments_dir()
+    assert not store.exists() or not [p for p in store.rglob("*") if p.is_file()]

@@ -212,3 +212,41 @@ async def test_get_message_of_another_session_is_not_found(transcript: Transcrip
         grpc.StatusCode.NOT_FOUND,
         "MESSAGE_NOT_FOUND",
     )
+
+
+async def test_pages_end_early_past_the_soft_byte_limit_and_lose_nothing(transcript: TranscriptClient) -> None:
+    sid = await _session(transcript)
+    ids = await _append(transcript, sid, *[five_mib_user(i) for i in range(5)])
+    first = await transcript.stub.ListMessagesAfter(
+        api.ListMessagesAfterRequest(session_id=sid), metadata=transcript.as_user("alice")
+    )
+    assert 0 < len(first.messages) < 5 and first.next_page_token
+    assert [m.message_id for m in await _all_after(transcript, sid, 0)] == ids
+
+
+def five_mib_user(index: int) -> pb.NewMessage:
+    """A 5 MiB USER message: five of them exceed one page's soft byte limit."""
+    return user(f"{index}" + "z" * (5 * 1024 * 1024))
+
+
+async def test_other_bad_message_requests_are_refused(transcript: TranscriptClient) -> None:
+    sid = await _session(transcript)
+    alice = transcript.as_user("alice")
+    (message_id,) = await _append(transcript, sid, user("q"))
+    calls = [
+        transcript.stub.ListMessagePage(
+            api.ListMessagePageRequest(session_id=sid, direction=7),  # type: ignore[arg-type]
+            metadata=alice,
+        ),
+        transcript.stub.GetMessage(api.GetMessageRequest(session_id=sid, message_id=-1), metadata=alice),
+        transcript.stub.ListMessagesAfter(
+            api.ListMessagesAfterRequest(session_id=sid, after_message_id=-5), metadata=alice
+        ),
+        transcript.stub.EditUserMessage(
+            api.EditUserMessageRequest(session_id=sid, message_id=message_id), metadata=alice
+        ),
+    ]
+    for call in calls:
+        await refused(call, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT")
+    stored = await _all_after(transcript, sid, 0)
+    assert [m.content[0].text for m in stored] == ["q"]
