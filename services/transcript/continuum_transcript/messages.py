@@ -134,7 +134,7 @@ async def edit_user_message(
     message_id: int,
     content: list[dict[str, object]],
     expected_generation: int | None,
-) -> tuple[RowMapping, int, int, int]:
+) -> tuple[dict[str, Any], int, int, int]:
     """Replace a USER message's content and logically delete every later message, atomically.
 
     Returns the edited message, the new history generation, how many messages were deleted, and
@@ -168,5 +168,4 @@ async def edit_user_message(
         session=session,
         payload={"edited_message_id": message_id, "history_generation": generation},
     )
-    edited = await get(connection, owner, session_id, message_id)
-    return edited, generation, int(removed.rowcount), event_id
+    return {**target, "content": content}, generation, int(removed.rowcount), event_id

@@ -109,12 +109,16 @@ async def update_fields(
     connection: AsyncConnection, owner: str, session_id: str, changes: dict[str, Any]
 ) -> RowMapping:
     """Apply `changes` (a subset of UPDATABLE_FIELDS) to a live session."""
-    await load(connection, owner, session_id)
-    if changes:
-        await connection.execute(
-            update(sessions).where(sessions.c.session_id == session_id).values(**changes, update_ms=now_ms())
-        )
-    return await load(connection, owner, session_id)
+    current = await load(connection, owner, session_id)
+    if not changes:
+        return current
+    result = await connection.execute(
+        update(sessions)
+        .where(sessions.c.session_id == session_id)
+        .values(**changes, update_ms=now_ms())
+        .returning(*sessions.c)
+    )
+    return result.mappings().one()
 
 
 async def delete_tree(connection: AsyncConnection, owner: str, session_id: str) -> tuple[list[str], int]:
