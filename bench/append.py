@@ -40,6 +40,7 @@ from bench.bench_support import (
     log,
     parse_args,
     percentile,
+    process_cpu_seconds,
     throwaway_database,
     transcript_server,
 )
@@ -49,8 +50,8 @@ from continuum.transcript.v1 import transcript_service_pb2 as api
 CLIENTS = 4
 BATCH = 50
 # Two rounds per path, alternating which path goes first, so table growth and drift fall on both.
-ROUNDS = 2
-BATCHES_PER_CLIENT_PER_ROUND = 50  # 4 clients x 50 batches x 50 messages x 2 rounds = 20,000
+ROUNDS = 4
+BATCHES_PER_CLIENT_PER_ROUND = 50  # 4 clients x 50 batches x 50 messages x 4 rounds = 40,000
 WARMUP_BATCHES_PER_CLIENT = 3
 MESSAGE_BYTES = (400, 600)
 TARGET_RATIO = 0.3
@@ -68,6 +69,8 @@ class Tally:
     messages: int = 0
     seconds: float = 0.0
     batch_ms: list[float] = field(default_factory=list)
+    # CPU the server process spent during this path's rounds (API path only).
+    server_cpu_seconds: float = 0.0
 
     @property
     def rate(self) -> float:
@@ -91,8 +94,8 @@ async def api_client(
             api.AppendMessagesRequest(session_id=session_id, messages=batch), metadata=client.metadata
         )
         tally.batch_ms.append((time.perf_counter() - started) * 1000)
-        if len(response.messages) != len(batch):
-            raise AssertionError(f"appended {len(batch)} messages, got {len(response.messages)} back")
+        if len(response.message_ids) != len(batch):
+            raise AssertionError(f"appended {len(batch)} messages, got {len(response.message_ids)} ids back")
 
 
 async def raw_client(connection: asyncpg.Connection, batches: list[list[tuple[Any, ...]]], tally: Tally) -> None:
@@ -158,6 +161,7 @@ async def run(admin_url: str, seed: int) -> dict[str, Any]:
         "api_batch_p95_ms": round(percentile(api_tally.batch_ms, 0.95), 2),
         "raw_batch_p50_ms": round(percentile(raw_tally.batch_ms, 0.5), 2),
         "raw_batch_p95_ms": round(percentile(raw_tally.batch_ms, 0.95), 2),
+        "server_cpu_ms_per_batch": round(api_tally.server_cpu_seconds * 1000 * BATCH / api_tally.messages, 2),
     }
 
 
@@ -192,7 +196,10 @@ async def measure(
         if number % 2:
             paths.reverse()
         for label, tally, work in paths:
+            cpu_before = process_cpu_seconds(client.server_pid)
             await timed(label, tally, round_messages, work)
+            if tally is api_tally:
+                api_tally.server_cpu_seconds += process_cpu_seconds(client.server_pid) - cpu_before
 
 
 async def verify(database: BenchDatabase, api_sessions: list[str], raw_sessions: list[str], expected: int) -> None:

@@ -1,18 +1,20 @@
-"""Shared plumbing of the benchmarks: a throwaway database, an in-process transcript server, results.
+"""Shared plumbing of the benchmarks: a throwaway database, a transcript server process, results.
 
 Every benchmark follows the same convention: it runs against PostgreSQL on 127.0.0.1:5432 unless
 `--database-url` or BENCH_DATABASE_URL names another admin URL, creates its own `bench_<random>`
-database, starts the real transcript gRPC server in-process on port 0, prints progress lines, and
+database, starts the real transcript gRPC server as its own process on port 0, prints progress lines, and
 prints exactly one JSON object as its last line.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import os
 import random
+import sys
 import tempfile
 import time
 import uuid
@@ -24,15 +26,12 @@ from typing import Any
 
 import asyncpg
 import grpc
-from pydantic import SecretStr
 
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
 from continuum_runtime.auth import call_metadata
 from continuum_runtime.channels import open_channel
-from continuum_transcript.server import start
-from continuum_transcript.settings import TranscriptSettings
 
 DEFAULT_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 SERVICE_TOKEN = "bench-service-token"
@@ -103,11 +102,12 @@ async def throwaway_database(admin_url: str) -> AsyncIterator[BenchDatabase]:
 
 @dataclass
 class TranscriptClient:
-    """A stub to the in-process server plus the metadata of the benchmark's acting user."""
+    """A stub to the server process plus the metadata of the benchmark's acting user."""
 
     stub: api_grpc.TranscriptServiceStub
     channel: grpc.aio.Channel
     metadata: tuple[tuple[str, str], ...]
+    server_pid: int
 
     async def create_session(self, session_id: str, title: str) -> str:
         """Create a session through the API (so its row is exactly what the service writes)."""
@@ -119,28 +119,50 @@ class TranscriptClient:
 
 
 @asynccontextmanager
-async def transcript_server(database: BenchDatabase, **overrides: Any) -> AsyncIterator[TranscriptClient]:
-    """The real transcript service on port 0 against `database` (migrated on start), and a client."""
+async def transcript_server(database: BenchDatabase) -> AsyncIterator[TranscriptClient]:
+    """The real transcript service as its own process (its production shape, so the load
+    generator never shares its interpreter), migrated on start, and a client to it."""
     with tempfile.TemporaryDirectory(prefix="continuum-bench-") as data_dir:
-        values: dict[str, Any] = {
-            "data_dir": Path(data_dir),
-            "database_url": database.service_url,
-            "port": 0,
-            "service_token": SecretStr(SERVICE_TOKEN),
-            "migrate_on_start": True,
+        port_file = Path(data_dir) / "run" / "transcript.port"
+        env = {
+            **os.environ,
+            "TRANSCRIPT_DATA_DIR": data_dir,
+            "TRANSCRIPT_DATABASE_URL": database.service_url,
+            "TRANSCRIPT_PORT": "0",
+            "TRANSCRIPT_SERVICE_TOKEN": SERVICE_TOKEN,
+            "TRANSCRIPT_LOG_LEVEL": "WARNING",
         }
-        values.update(overrides)
-        settings = TranscriptSettings(**values)
-        service = await start(settings)
-        log(f"transcript server listening on 127.0.0.1:{service.port}")
-        channel = open_channel(f"127.0.0.1:{service.port}")
+        process = await asyncio.create_subprocess_exec(sys.executable, "-m", "continuum_transcript", "serve", env=env)
         try:
-            yield TranscriptClient(
-                api_grpc.TranscriptServiceStub(channel), channel, call_metadata(SERVICE_TOKEN, BENCH_USER)
-            )
+            for _ in range(600):
+                if port_file.exists() or process.returncode is not None:
+                    break
+                await asyncio.sleep(0.05)
+            if not port_file.exists():
+                raise RuntimeError("the transcript server did not start")
+            port = int(port_file.read_text())
+            log(f"transcript server (pid {process.pid}) listening on 127.0.0.1:{port}")
+            channel = open_channel(f"127.0.0.1:{port}")
+            try:
+                yield TranscriptClient(
+                    api_grpc.TranscriptServiceStub(channel),
+                    channel,
+                    call_metadata(SERVICE_TOKEN, BENCH_USER),
+                    process.pid,
+                )
+            finally:
+                await channel.close()
         finally:
-            await channel.close()
-            await service.stop(grace=0)
+            if process.returncode is None:
+                log(f"transcript server used {process_cpu_seconds(process.pid):.1f} s of CPU")
+                process.terminate()
+                await process.wait()
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a live process, from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # Vocabulary of the synthetic text: prose and code-ish tokens, like a coding-assistant transcript.

@@ -46,7 +46,7 @@ async def _new_session(gateway: httpx.AsyncClient, **fields: Any) -> str:
 async def _append(gateway: httpx.AsyncClient, session_id: str, *messages: dict[str, Any]) -> list[str]:
     response = await gateway.post(f"/v1/sessions/{session_id}/messages", headers=ALICE, json={"messages": messages})
     assert response.status_code == 200, response.text
-    return [m["messageId"] for m in response.json()["messages"]]
+    return list(response.json()["messageIds"])
 
 
 async def test_create_is_201_then_200_when_repeated(gateway: httpx.AsyncClient) -> None:

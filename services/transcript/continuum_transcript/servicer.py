@@ -5,7 +5,7 @@ Handlers raise TranscriptError; the runtime's interceptor maps it to a status. N
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import grpc
@@ -46,16 +46,22 @@ def _optional_user(context: Context) -> str | None:
     return None
 
 
-async def _with_media_types(connection: AsyncConnection, rows: Sequence[Mapping[Any, Any]]) -> list[pb.Message]:
-    ids = sorted({p["attachment"]["attachment_id"] for r in rows for p in r["content"] if "attachment" in p})
-    known: dict[str, str] = {}
-    if ids:
-        found = await connection.execute(
-            select(attachments_table.c.attachment_id, attachments_table.c.media_type).where(
-                attachments_table.c.attachment_id.in_(ids)
-            )
+async def _media_types(connection: AsyncConnection, attachment_ids: Iterable[str]) -> dict[str, str]:
+    """Media types of the attachments that content parts refer to (no query when there are none)."""
+    wanted = sorted(set(attachment_ids))
+    if not wanted:
+        return {}
+    found = await connection.execute(
+        select(attachments_table.c.attachment_id, attachments_table.c.media_type).where(
+            attachments_table.c.attachment_id.in_(wanted)
         )
-        known = {attachment_id: media_type for attachment_id, media_type in found}
+    )
+    return {attachment_id: media_type for attachment_id, media_type in found}
+
+
+async def _with_media_types(connection: AsyncConnection, rows: Sequence[Mapping[Any, Any]]) -> list[pb.Message]:
+    referenced = (p["attachment"]["attachment_id"] for r in rows for p in r["content"] if "attachment" in p)
+    known = await _media_types(connection, referenced)
     return [convert.message(row, known) for row in rows]
 
 
@@ -155,10 +161,9 @@ class TranscriptServicer(api_grpc.TranscriptServiceServicer):
         owner = acting_user(context)
         session_id = validation.session_id(request.session_id)
         batch = validation.append_batch(request.messages, self._settings)
-        async with self._db.transaction() as connection:
-            rows = await messages.append(connection, owner, session_id, batch)
-            stored = await _with_media_types(connection, rows)
-        return api.AppendMessagesResponse(messages=stored)
+        async with self._db.connection() as connection:
+            ids, create_ms = await messages.append(connection, owner, session_id, batch)
+        return api.AppendMessagesResponse(message_ids=ids, create_time=convert.timestamp(create_ms))
 
     async def GetMessage(self, request: api.GetMessageRequest, context: Context) -> api.GetMessageResponse:
         owner = acting_user(context)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +24,9 @@ MAX_TOOL_NAME_CHARS = 256
 MAX_HOLDER_CHARS = 256
 MIN_TTL_SECONDS = 1
 MAX_TTL_SECONDS = 3_600
+# Known enum numbers, computed once: the append path checks every message against them.
+MESSAGE_ROLES = frozenset(pb.MessageRole.values()) - {pb.MESSAGE_ROLE_UNSPECIFIED}
+MESSAGE_STATUSES = frozenset(pb.MessageStatus.values())
 
 
 def session_id(value: str, field: str = "session_id") -> str:
@@ -49,12 +51,13 @@ def text(value: str, field: str, max_chars: int) -> str:
 
 
 def metadata(value: Struct, field: str = "metadata") -> dict[str, Any]:
-    """A JSON object of at most 64 KiB."""
+    """A JSON object of at most 64 KiB (serialized)."""
     if not value.fields:
         return {}
+    # The protobuf size bounds the JSON size closely enough and costs nothing to read.
+    if value.ByteSize() > MAX_METADATA_BYTES:
+        raise BadRequest(field, f"must be at most {MAX_METADATA_BYTES} bytes")
     as_dict: dict[str, Any] = json_format.MessageToDict(value)
-    if len(json.dumps(as_dict).encode()) > MAX_METADATA_BYTES:
-        raise BadRequest(field, f"must serialize to at most {MAX_METADATA_BYTES} bytes")
     return as_dict
 
 
@@ -129,16 +132,15 @@ def content_parts(parts: Any, field: str) -> list[dict[str, Any]]:
     return result
 
 
-def new_message(message: pb.NewMessage, field: str, settings: TranscriptSettings) -> MessageRow:
-    """Check one message of an append batch against the role rules and size limits."""
-    size = message.ByteSize()
+def new_message(message: pb.NewMessage, field: str, settings: TranscriptSettings, size: int) -> MessageRow:
+    """Check one message of an append batch (`size` serialized bytes) against the role rules and limits."""
     if size > settings.max_message_bytes:
         raise BadRequest(field, f"is {size} bytes; the limit is {settings.max_message_bytes}")
     role = message.role
-    if role == pb.MESSAGE_ROLE_UNSPECIFIED or role not in pb.MessageRole.values():
+    if role not in MESSAGE_ROLES:
         raise BadRequest(f"{field}.role", "must be USER, ASSISTANT, TOOL or SYSTEM")
     status = message.status or pb.MESSAGE_STATUS_COMPLETE
-    if status not in pb.MessageStatus.values():
+    if status not in MESSAGE_STATUSES:
         raise BadRequest(f"{field}.status", "is not a known message status")
     content = content_parts(message.content, f"{field}.content")
     tool_calls = _tool_calls(message, role, field)
@@ -186,7 +188,11 @@ def append_batch(messages: Any, settings: TranscriptSettings) -> list[MessageRow
         raise BadRequest("messages", "must contain at least one message")
     if len(messages) > settings.max_batch_messages:
         raise BadRequest("messages", f"must contain at most {settings.max_batch_messages} messages")
-    total = sum(message.ByteSize() for message in messages)
+    sizes = [message.ByteSize() for message in messages]
+    total = sum(sizes)
     if total > settings.max_batch_bytes:
         raise BadRequest("messages", f"total {total} bytes; the limit is {settings.max_batch_bytes}")
-    return [new_message(message, f"messages[{index}]", settings) for index, message in enumerate(messages)]
+    return [
+        new_message(message, f"messages[{index}]", settings, size)
+        for index, (message, size) in enumerate(zip(messages, sizes, strict=True))
+    ]

@@ -106,7 +106,10 @@ async def test_attachment_round_trip_and_reference(transcript: TranscriptClient)
     stored = await transcript.stub.AppendMessages(
         api.AppendMessagesRequest(session_id="s", messages=[message]), metadata=transcript.as_user("alice")
     )
-    assert stored.messages[0].content[1].attachment.media_type == "image/png"
+    read = await transcript.stub.GetMessage(
+        api.GetMessageRequest(session_id="s", message_id=stored.message_ids[0]), metadata=transcript.as_user("alice")
+    )
+    assert read.message.content[1].attachment.media_type == "image/png"
     await refused(
         transcript.stub.GetAttachment(
             api.GetAttachmentRequest(attachment_id=attachment.attachment_id), metadata=transcript.as_user("bob")

@@ -18,7 +18,8 @@ async def _append(client: TranscriptClient, session_id: str, *messages: pb.NewMe
     response = await client.stub.AppendMessages(
         api.AppendMessagesRequest(session_id=session_id, messages=list(messages)), metadata=client.as_user("alice")
     )
-    return [m.message_id for m in response.messages]
+    assert response.create_time.ToMilliseconds() > 0
+    return list(response.message_ids)
 
 
 async def _all_after(client: TranscriptClient, session_id: str, after: int, page_size: int = 0) -> list[pb.Message]:

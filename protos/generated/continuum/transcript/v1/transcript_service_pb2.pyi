@@ -10,6 +10,7 @@ from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import field_mask_pb2 as _field_mask_pb2
 from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
@@ -345,23 +346,29 @@ Global___AppendMessagesRequest: _TypeAlias = AppendMessagesRequest  # noqa: Y015
 
 @_typing.final
 class AppendMessagesResponse(_message.Message):
-    """Response of AppendMessages."""
+    """Response of AppendMessages. The content is not echoed back: the caller has it."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    MESSAGES_FIELD_NUMBER: _builtins.int
+    MESSAGE_IDS_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_resources_pb2.Message]:
-        """The stored messages, in the order given, with their new ids."""
+    def message_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The new ids, one per message in the order given (ascending)."""
+
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When the batch was stored (the create_time of every message in it)."""
 
     def __init__(
         self,
         *,
-        messages: _abc.Iterable[_resources_pb2.Message] | None = ...,
+        message_ids: _abc.Iterable[_builtins.int] | None = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "message_ids", b"message_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
