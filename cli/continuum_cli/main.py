@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from continuum_cli.components import COMPONENTS, Component, migratable
+from continuum_cli.follow import DEFAULT_USER, TOKEN_ENV, default_address, follow
 from continuum_cli.migrate import migrate
 from continuum_cli.supervisor import up
 
@@ -26,7 +27,7 @@ def port_number(text: str) -> int:
 
 
 def build_parser(components: Sequence[Component] = COMPONENTS) -> argparse.ArgumentParser:
-    """The command line: `up`, `migrate <service>` and `cleanup <service>`."""
+    """The command line: `up`, `migrate <service>`, `follow <session>` and `cleanup <service>`."""
     parser = argparse.ArgumentParser(
         prog="continuum", description="Run and operate Continuum: transcripts, compaction, merges."
     )
@@ -54,6 +55,26 @@ def build_parser(components: Sequence[Component] = COMPONENTS) -> argparse.Argum
     migrate_parser = commands.add_parser("migrate", help="run one service's database migrations and exit")
     migrate_parser.add_argument("service", choices=services, help=f"one of: {', '.join(services)}")
 
+    follow_parser = commands.add_parser(
+        "follow", help="print a session live until Ctrl-C (for operators holding the service token)"
+    )
+    follow_parser.add_argument("session_id", help="the session to follow")
+    follow_parser.add_argument(
+        "--address",
+        default=default_address(),
+        metavar="HOST:PORT",
+        help="the transcript service (default: $CONTINUUM_TRANSCRIPT_ADDRESS or 127.0.0.1:50151)",
+    )
+    follow_parser.add_argument(
+        "--token-env",
+        default=TOKEN_ENV,
+        metavar="NAME",
+        help=f"environment variable holding the transcript service token (default: {TOKEN_ENV})",
+    )
+    follow_parser.add_argument(
+        "--user", default=DEFAULT_USER, help=f"the user who owns the session (default: {DEFAULT_USER})"
+    )
+
     cleanup_parser = commands.add_parser("cleanup", help="not built yet")
     cleanup_parser.add_argument("service")
     return parser
@@ -67,6 +88,8 @@ def main(argv: Sequence[str] | None = None, components: Sequence[Component] = CO
         return up(args.data_dir, ports, components)
     if args.command == "migrate":
         return migrate(migratable(components)[args.service])
+    if args.command == "follow":
+        return follow(args.session_id, args.address, args.token_env, args.user)
     # argparse accepts nothing else; only `cleanup` remains.
     print(f"continuum cleanup {args.service}: not built yet; nothing was done.", file=sys.stderr)
     return EXIT_USAGE

@@ -2,6 +2,11 @@
 
 Binds `GATEWAY_HOST:GATEWAY_PORT` (port 0 picks a free one) and, once listening, publishes the bound
 port in `<GATEWAY_DATA_DIR>/run/gateway.port` for a supervisor such as `continuum up`.
+
+WebSockets (the Follow route) run on uvicorn's websockets sans-I/O protocol, which pings every socket
+each `GATEWAY_WS_PING_INTERVAL_SECONDS` and drops one whose pong does not come within
+`GATEWAY_WS_PING_TIMEOUT_SECONDS`, and whose sends wait while a browser does not read (the
+backpressure Follow's overflow detection relies on).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from continuum_gateway import SERVICE_NAME
 from continuum_gateway.app import create_app
@@ -56,10 +62,10 @@ class GatewayServer(uvicorn.Server):
         self.should_exit = True
 
 
-async def serve(settings: GatewaySettings) -> None:
-    """Run the gateway until SIGINT or SIGTERM, then shut down gracefully."""
-    config = uvicorn.Config(
-        create_app(settings),
+def uvicorn_config(settings: GatewaySettings, app: ASGIApp | None = None) -> uvicorn.Config:
+    """How uvicorn serves the gateway (`app`, by default `create_app(settings)`)."""
+    return uvicorn.Config(
+        app if app is not None else create_app(settings),
         host=settings.host,
         port=settings.port,
         lifespan="on",
@@ -68,8 +74,17 @@ async def serve(settings: GatewaySettings) -> None:
         access_log=False,
         server_header=False,
         timeout_graceful_shutdown=settings.shutdown_grace_seconds,
+        # Named rather than "auto", so ping and backpressure behaviour do not depend on what is installed.
+        ws="websockets-sansio",
+        ws_ping_interval=settings.ws_ping_interval_seconds,
+        ws_ping_timeout=settings.ws_ping_timeout_seconds,
+        ws_max_size=settings.ws_max_message_bytes,
     )
-    server = GatewayServer(config, settings.data_dir)
+
+
+async def serve(settings: GatewaySettings) -> None:
+    """Run the gateway until SIGINT or SIGTERM, then shut down gracefully."""
+    server = GatewayServer(uvicorn_config(settings), settings.data_dir)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, server.request_exit)
@@ -86,6 +101,8 @@ def main() -> None:
     settings = GatewaySettings()
     configure_logging(settings.log_level, SERVICE_NAME)
     # uvicorn's own info lines duplicate ours (and carry ANSI-coloured copies); keep its warnings.
+    # Never lower this: at DEBUG the WebSocket protocol logs handshake headers, whose
+    # Sec-WebSocket-Protocol carries the browser's bearer credential.
     logging.getLogger("uvicorn").setLevel(logging.WARNING)
     asyncio.run(serve(settings))
 

@@ -1,9 +1,10 @@
 """`create_app(settings)`: the gateway's Starlette application.
 
 Middleware, outermost first: Starlette's server-error guard, `AccessLogMiddleware` (log line,
-last-resort 500), `AuthMiddleware` (401 unless a known bearer token), `BodyLimitMiddleware` (413),
-then Starlette's exception middleware with the handlers of `errors` (AIP-193 bodies for every
-expected failure).
+last-resort 500), `AuthMiddleware` (401 unless a known bearer token; on the Follow WebSocket also a
+bearer subprotocol), `BodyLimitMiddleware` (413), then Starlette's exception middleware with the
+handlers of `errors` (AIP-193 bodies for every expected failure). The Follow WebSocket handles its
+own failures (`follow`) and logs its own lines; the HTTP-only middleware lets it through.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from contextlib import asynccontextmanager
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
-from continuum_gateway import health, messages, sessions, upstream
+from continuum_gateway import capabilities, follow, health, messages, outline, sessions, upstream
 from continuum_gateway.access_log import AccessLogMiddleware
 from continuum_gateway.auth import Authenticator, AuthMiddleware
 from continuum_gateway.body_limit import BodyLimitMiddleware
@@ -39,10 +40,22 @@ def create_app(settings: GatewaySettings) -> Starlette:
             yield {upstream.STATE_KEY: upstreams}
 
     return Starlette(
-        routes=[*health.ROUTES, *sessions.ROUTES, *messages.ROUTES],
+        routes=[
+            *health.ROUTES,
+            *capabilities.ROUTES,
+            *sessions.ROUTES,
+            *messages.ROUTES,
+            *outline.ROUTES,
+            *follow.routes(settings),
+        ],
         middleware=[
             Middleware(AccessLogMiddleware),
-            Middleware(AuthMiddleware, authenticator=Authenticator(tokens)),
+            Middleware(
+                AuthMiddleware,
+                authenticator=Authenticator(tokens),
+                subprotocol_paths=[follow.FOLLOW_PATH_PATTERN],
+                subprotocols=[follow.FOLLOW_SUBPROTOCOL],
+            ),
             Middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes),
         ],
         exception_handlers=exception_handlers(),

@@ -3,20 +3,38 @@
 `AuthMiddleware` refuses every request outside `OPEN_PATHS` that does not carry a known token, so a
 route cannot forget to authenticate. Routes read the user with `acting_user(request)` and pass it to
 the services, which decide ownership themselves.
+
+WebSocket handshakes are authenticated the same way, with one addition because browsers cannot set
+headers on a WebSocket: on the WebSocket paths the app names (the Follow route), the token may come
+as a subprotocol instead, ``continuum.bearer.<base64url(token), unpadded>``. A browser opens::
+
+    new WebSocket(url, ["continuum.follow.v1", "continuum.bearer." + base64url(token)])
+
+and the gateway selects ``continuum.follow.v1``, never echoing the credential. Tokens are not taken
+from query strings, which end up in proxy logs and browser history.
+
+A WebSocket without a known token is refused after the upgrade: the gateway accepts, sends the same
+401 AIP-193 body as HTTP as ``{"type": "error", "error": {...}}`` and closes with 4401 (see
+`errors`). A browser is shown neither the status nor the body of a handshake refused over HTTP (only
+an anonymous 1006), so this is the one way it can tell a bad token from a network failure.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import contextlib
 import hashlib
 import logging
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 
 import grpc
 from starlette.datastructures import Headers
-from starlette.requests import Request
+from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from continuum_gateway.errors import DOMAIN, error_response
+from continuum_gateway.errors import DOMAIN, close_code_for, error_body, error_response, websocket_error_message
 
 logger = logging.getLogger("continuum.gateway")
 
@@ -24,6 +42,8 @@ logger = logging.getLogger("continuum.gateway")
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 # Where the middleware leaves the authenticated user for the route (an ASGI scope extension key).
 _USER_SCOPE_KEY = "continuum.user"
+# A WebSocket subprotocol carrying a bearer token: this prefix, then the token in unpadded base64url.
+BEARER_SUBPROTOCOL_PREFIX = "continuum.bearer."
 
 
 def _digest(token: str) -> bytes:
@@ -50,25 +70,65 @@ class Authenticator:
             return None
         return self._users.get(_digest(token))
 
+    def user_for_subprotocols(self, subprotocols: Sequence[str]) -> str | None:
+        """The user of the one bearer subprotocol offered, or None (none, several, malformed, unknown)."""
+        offered = [p[len(BEARER_SUBPROTOCOL_PREFIX) :] for p in subprotocols if p.startswith(BEARER_SUBPROTOCOL_PREFIX)]
+        if len(offered) != 1:
+            return None
+        encoded = offered[0]
+        try:
+            token = base64.b64decode(encoded + "=" * (-len(encoded) % 4), altchars=b"-_", validate=True).decode()
+        except (binascii.Error, ValueError):
+            return None
+        return self._users.get(_digest(token)) if token else None
+
+
+def bearer_subprotocol(token: str) -> str:
+    """The subprotocol a WebSocket client offers to present `token` (for clients and tests)."""
+    return BEARER_SUBPROTOCOL_PREFIX + base64.urlsafe_b64encode(token.encode()).decode().rstrip("=")
+
+
+_UNAUTHENTICATED_MESSAGE = "a valid bearer token is required"
+
 
 class AuthMiddleware:
-    """Pure ASGI middleware: 401 (AIP-193, status UNAUTHENTICATED) unless the bearer token is known."""
+    """Pure ASGI middleware: 401 (AIP-193, status UNAUTHENTICATED) unless the bearer token is known.
 
-    def __init__(self, app: ASGIApp, authenticator: Authenticator) -> None:
+    `subprotocol_paths` are the WebSocket paths (as compiled route patterns) where a bearer
+    subprotocol is accepted in place of the Authorization header; nowhere else is it.
+    `subprotocols` are the application subprotocols the gateway's WebSocket routes select; a refused
+    WebSocket selects one of them too, or a browser would drop the connection before the error.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        authenticator: Authenticator,
+        subprotocol_paths: Sequence[re.Pattern[str]] = (),
+        subprotocols: Sequence[str] = (),
+    ) -> None:
         self.app = app
         self.authenticator = authenticator
+        self.subprotocol_paths = tuple(subprotocol_paths)
+        self.subprotocols = frozenset(subprotocols)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Authenticate HTTP requests outside `OPEN_PATHS`; pass everything else through."""
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        """Authenticate HTTP requests outside `OPEN_PATHS` and every WebSocket handshake."""
+        if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         user = self.authenticator.user_for(Headers(scope=scope).get("authorization"))
+        if user is None and scope["type"] == "websocket" and self._takes_subprotocol(scope["path"]):
+            user = self.authenticator.user_for_subprotocols(scope.get("subprotocols", []))
         if user is None:
-            logger.info("request unauthenticated", extra={"method": scope["method"], "path": scope["path"]})
+            method = scope.get("method", "WEBSOCKET")
+            logger.info("request unauthenticated", extra={"method": method, "path": scope["path"]})
+            if scope["type"] == "websocket":
+                await self._refuse_websocket(scope, receive, send)
+                return
             response = error_response(
                 grpc.StatusCode.UNAUTHENTICATED,
-                "a valid bearer token is required",
+                _UNAUTHENTICATED_MESSAGE,
                 reason="UNAUTHENTICATED",
                 domain=DOMAIN,
                 headers={"WWW-Authenticate": "Bearer"},
@@ -78,9 +138,25 @@ class AuthMiddleware:
         scope[_USER_SCOPE_KEY] = user
         await self.app(scope, receive, send)
 
+    async def _refuse_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (await receive())["type"] != "websocket.connect":
+            return
+        offered = scope.get("subprotocols", [])
+        selected = next((p for p in offered if p in self.subprotocols), None)
+        code = grpc.StatusCode.UNAUTHENTICATED
+        body = error_body(code, _UNAUTHENTICATED_MESSAGE, reason="UNAUTHENTICATED", domain=DOMAIN)
+        # OSError: the client is gone already (the server's disconnect error derives from it).
+        with contextlib.suppress(OSError):
+            await send({"type": "websocket.accept", "subprotocol": selected})
+            await send({"type": "websocket.send", "text": websocket_error_message(body)})
+            await send({"type": "websocket.close", "code": close_code_for(code)})
 
-def acting_user(request: Request) -> str:
-    """The authenticated user of a request that passed `AuthMiddleware`."""
+    def _takes_subprotocol(self, path: str) -> bool:
+        return any(pattern.match(path) for pattern in self.subprotocol_paths)
+
+
+def acting_user(request: HTTPConnection) -> str:
+    """The authenticated user of a request (or WebSocket) that passed `AuthMiddleware`."""
     user = request.scope.get(_USER_SCOPE_KEY)
     if not isinstance(user, str):
         # Only reachable if a route under OPEN_PATHS asks for a user: a programming error.

@@ -1,4 +1,4 @@
-"""The one gRPC-status → HTTP-status table, and every error body the gateway writes (AIP-193).
+"""The gRPC-status → HTTP-status and → WebSocket-close-code tables, and every error body (AIP-193).
 
 A body looks like::
 
@@ -11,10 +11,41 @@ A body looks like::
 
 Errors the gateway detects itself raise `GatewayError`; failed service calls raise `UpstreamError`.
 Both become responses only through the handlers here, so no route sets a status code on failure.
+
+The Follow WebSocket sends the same body as a ``{"type": "error", "error": {...}}`` message and then
+closes with `close_code_for(...)`: 4000 + the HTTP status of the same failure (RFC 6455 reserves
+4000-4999 for applications), so a browser handles ``closeCode - 4000`` like a REST status. The
+table, in full:
+
+    ========================  =====  ==========
+    gRPC code                 HTTP   WS close
+    ========================  =====  ==========
+    OK                        200    1000 (normal closure)
+    CANCELLED                 499    4499
+    UNKNOWN                   500    4500
+    INVALID_ARGUMENT          400    4400
+    DEADLINE_EXCEEDED         504    4504
+    NOT_FOUND                 404    4404
+    ALREADY_EXISTS            409    4409
+    PERMISSION_DENIED         403    4403
+    RESOURCE_EXHAUSTED        429    4429 (also: a browser too slow for its Follow stream)
+    FAILED_PRECONDITION       400    4400
+    ABORTED                   409    4409
+    OUT_OF_RANGE              400    4400
+    UNIMPLEMENTED             501    4501
+    INTERNAL                  500    4500
+    UNAVAILABLE               503    4503
+    DATA_LOSS                 500    4500
+    UNAUTHENTICATED           401    4401
+    ========================  =====  ==========
+
+One refusal is more precise than its code: reason UPGRADE_REQUIRED (FAILED_PRECONDITION: the peer
+lacks a required capability such as ``transcript-v2``) is HTTP 426 and close code 4426.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -54,6 +85,43 @@ HTTP_STATUS: Mapping[grpc.StatusCode, int] = {
     grpc.StatusCode.UNAUTHENTICATED: 401,
 }
 
+# The only place a gRPC code meets a WebSocket close code: 4000 + its HTTP status; OK is a normal closure.
+WEBSOCKET_CLOSE_CODE: Mapping[grpc.StatusCode, int] = {
+    grpc.StatusCode.OK: 1000,
+    grpc.StatusCode.CANCELLED: 4499,
+    grpc.StatusCode.UNKNOWN: 4500,
+    grpc.StatusCode.INVALID_ARGUMENT: 4400,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 4504,
+    grpc.StatusCode.NOT_FOUND: 4404,
+    grpc.StatusCode.ALREADY_EXISTS: 4409,
+    grpc.StatusCode.PERMISSION_DENIED: 4403,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 4429,
+    grpc.StatusCode.FAILED_PRECONDITION: 4400,
+    grpc.StatusCode.ABORTED: 4409,
+    grpc.StatusCode.OUT_OF_RANGE: 4400,
+    grpc.StatusCode.UNIMPLEMENTED: 4501,
+    grpc.StatusCode.INTERNAL: 4500,
+    grpc.StatusCode.UNAVAILABLE: 4503,
+    grpc.StatusCode.DATA_LOSS: 4500,
+    grpc.StatusCode.UNAUTHENTICATED: 4401,
+}
+
+# The peer lacks a capability this call needs (e.g. `transcript-v2`); there is no legacy fallback.
+UPGRADE_REQUIRED = "UPGRADE_REQUIRED"
+# ErrorInfo reasons with a more precise answer than their gRPC code's, in both tables.
+REASON_HTTP_STATUS: Mapping[str, int] = {UPGRADE_REQUIRED: 426}
+REASON_CLOSE_CODE: Mapping[str, int] = {UPGRADE_REQUIRED: 4426}
+
+
+def http_status_for(code: grpc.StatusCode, reason: str = "") -> int:
+    """The HTTP status of a failure: its reason's, if the reason has one, else its code's."""
+    return REASON_HTTP_STATUS.get(reason, HTTP_STATUS[code])
+
+
+def close_code_for(code: grpc.StatusCode, reason: str = "") -> int:
+    """The WebSocket close code of a failure: its reason's, if the reason has one, else its code's."""
+    return REASON_CLOSE_CODE.get(reason, WEBSOCKET_CLOSE_CODE[code])
+
 
 class GatewayError(Exception):
     """A failure the gateway detects itself, described the way a service would describe it.
@@ -78,7 +146,7 @@ class GatewayError(Exception):
         self.reason = reason
         self.metadata = dict(metadata or {})
         self.violations = violations or []
-        self.http_status = http_status if http_status is not None else HTTP_STATUS[code]
+        self.http_status = http_status if http_status is not None else http_status_for(code, reason)
 
     @classmethod
     def invalid_argument(cls, field: str, description: str, *, reason: str = "INVALID_ARGUMENT") -> GatewayError:
@@ -90,9 +158,9 @@ class GatewayError(Exception):
             violations=[FieldViolation(field, description)],
         )
 
-    def response(self) -> JSONResponse:
-        """This error as an AIP-193 response from the gateway's own domain."""
-        return error_response(
+    def body(self) -> dict[str, Any]:
+        """This error as an AIP-193 body from the gateway's own domain."""
+        return error_body(
             self.code,
             self.message,
             http_status=self.http_status,
@@ -101,6 +169,10 @@ class GatewayError(Exception):
             metadata=self.metadata,
             violations=self.violations,
         )
+
+    def response(self) -> JSONResponse:
+        """This error as an AIP-193 response from the gateway's own domain."""
+        return body_response(self.body())
 
 
 class UpstreamError(Exception):
@@ -135,7 +207,7 @@ def error_body(
         )
     return {
         "error": {
-            "code": http_status if http_status is not None else HTTP_STATUS[code],
+            "code": http_status if http_status is not None else http_status_for(code, reason),
             "status": code.name,
             "message": message,
             "details": details,
@@ -143,20 +215,46 @@ def error_body(
     }
 
 
+def body_response(body: dict[str, Any], headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """An AIP-193 body as a response whose HTTP status is the body's `code`."""
+    return JSONResponse(body, status_code=body["error"]["code"], headers=headers)
+
+
 def error_response(
     code: grpc.StatusCode, message: str, *, headers: Mapping[str, str] | None = None, **details: Any
 ) -> JSONResponse:
     """`error_body(code, message, **details)` as a response whose HTTP status matches the body's `code`."""
-    body = error_body(code, message, **details)
-    return JSONResponse(body, status_code=body["error"]["code"], headers=headers)
+    return body_response(error_body(code, message, **details), headers)
+
+
+def internal_error_body() -> dict[str, Any]:
+    """The body for an unexpected failure: nothing about what went wrong leaves the process."""
+    return error_body(grpc.StatusCode.INTERNAL, "internal error", reason="INTERNAL", domain=DOMAIN)
 
 
 def internal_error_response() -> JSONResponse:
     """The response for an unexpected failure: nothing about what went wrong leaves the process."""
-    return error_response(grpc.StatusCode.INTERNAL, "internal error", reason="INTERNAL", domain=DOMAIN)
+    return body_response(internal_error_body())
+
+
+def websocket_error_message(body: Mapping[str, Any]) -> str:
+    """An AIP-193 body as a WebSocket error message: ``{"type": "error", "error": {...}}``."""
+    return json.dumps({"type": "error", **body}, separators=(",", ":"), ensure_ascii=False)
+
+
+def body_close_code(body: Mapping[str, Any]) -> int:
+    """The WebSocket close code that goes with an AIP-193 body (from its status and ErrorInfo reason)."""
+    error = body["error"]
+    reasons = [d["reason"] for d in error["details"] if d.get("@type") == ERROR_INFO_TYPE]
+    return close_code_for(grpc.StatusCode[error["status"]], reasons[0] if reasons else "")
 
 
 def upstream_error_response(failure: UpstreamError) -> JSONResponse:
+    """`upstream_error_body(failure)` as a response."""
+    return body_response(upstream_error_body(failure))
+
+
+def upstream_error_body(failure: UpstreamError) -> dict[str, Any]:
     """Relay a service's refusal; replace what gRPC itself produced with the gateway's own wording.
 
     A status carrying ErrorInfo was written on purpose by a Continuum service (`continuum_runtime.errors`)
@@ -171,13 +269,13 @@ def upstream_error_response(failure: UpstreamError) -> JSONResponse:
         logger.error(
             "upstream refused the gateway's credential", extra={"upstream": upstream, "reason": details.reason}
         )
-        return internal_error_response()
+        return internal_error_body()
     if details.reason:
         logger.info(
             "upstream refused call",
             extra={"upstream": upstream, "code": details.code.name, "reason": details.reason},
         )
-        return error_response(
+        return error_body(
             details.code,
             details.message,
             reason=details.reason,
@@ -191,10 +289,10 @@ def upstream_error_response(failure: UpstreamError) -> JSONResponse:
     elif details.code == grpc.StatusCode.DEADLINE_EXCEEDED:
         message, reason = f"{upstream} did not answer in time", "UPSTREAM_TIMEOUT"
     elif HTTP_STATUS[details.code] >= 500:
-        return internal_error_response()
+        return internal_error_body()
     else:
         message, reason = f"{upstream} refused the call", f"UPSTREAM_{details.code.name}"
-    return error_response(details.code, message, reason=reason, domain=DOMAIN, metadata={"upstream": upstream})
+    return error_body(details.code, message, reason=reason, domain=DOMAIN, metadata={"upstream": upstream})
 
 
 def _http_exception_error(exc: HTTPException) -> GatewayError:

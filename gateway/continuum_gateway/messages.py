@@ -5,7 +5,7 @@
     GET  /v1/sessions/{session_id}/messages                    ListMessagesAfter
          ?after=<message id>&pageSize=&pageToken=
     GET  /v1/sessions/{session_id}/messages:page               ListMessagePage
-         ?anchor=<message id>&direction=older|newer&pageSize=
+         ?anchor=<message id>&direction=older|newer&pageSize=&generation=&snapshotSeq=
     GET  /v1/sessions/{session_id}/messages/{message_id}       GetMessage
     POST /v1/sessions/{session_id}/messages/{message_id}:edit  EditUserMessage
          body {"content": [ContentPart, ...], "expectedHistoryGeneration": "3"}
@@ -13,6 +13,13 @@
 `:page` and `:edit` are AIP-136 custom methods; Starlette matches the colon literally. A GET of
 ``.../messages/7:edit`` reaches GetMessage with the id "7:edit" and is refused as an invalid id.
 Message ids are int64, so responses carry them as JSON strings; requests accept both forms.
+
+`:page` takes an optional pin, the ``history`` cursor of a Follow snapshot (``generation``,
+``snapshotSeq``): the page then shows only messages committed at or before ``snapshotSeq``, and if
+the session has left that generation the answer is still 200, with ``"status": "PIN_STATUS_STALE"``
+and no messages (the browser re-follows for a fresh baseline). Otherwise ``status`` is
+``"PIN_STATUS_OK"``; ``generation`` is always the session's current one. The status is the proto
+enum name here, as everywhere in the `/v1` routes (only the seed-defined outline lowercases it).
 """
 
 from __future__ import annotations
@@ -53,11 +60,17 @@ async def list_messages_after(request: Request) -> Response:
 
 
 async def list_message_page(request: Request) -> Response:
-    """A page of live messages older or newer than `anchor` (absent: the latest page)."""
+    """A page of live messages older or newer than `anchor` (absent: the latest page), optionally pinned."""
     message = bind_query(
         request,
         transcript_service_pb2.ListMessagePageRequest(session_id=request.path_params["session_id"]),
-        {"anchor": "anchorMessageId", "direction": "direction", "pageSize": "pageSize"},
+        {
+            "anchor": "anchorMessageId",
+            "direction": "direction",
+            "pageSize": "pageSize",
+            "generation": "generation",
+            "snapshotSeq": "snapshotSeq",
+        },
         values={"direction": _DIRECTIONS},
     )
     response: transcript_service_pb2.ListMessagePageResponse = await call_transcript(

@@ -50,6 +50,22 @@ class GatewaySettings(BaseSettings):
     # How long requests in flight may take to finish after SIGINT or SIGTERM.
     shutdown_grace_seconds: int = Field(default=5, ge=0)
 
+    # WebSocket keepalive: uvicorn pings every follower this often and drops one that does not answer
+    # within the timeout, so a vanished browser (and its upstream Follow stream) does not linger.
+    ws_ping_interval_seconds: float = Field(default=20.0, gt=0)
+    ws_ping_timeout_seconds: float = Field(default=20.0, gt=0)
+    # Largest WebSocket message a browser may send (it only ever sends the small hello).
+    ws_max_message_bytes: int = Field(default=64 * 1024, ge=1024)
+    # Follow: frames, and characters of them, buffered for one browser before it counts as too slow
+    # (resync OVERFLOW, close). A single frame larger than the character bound still goes through.
+    follow_buffer_frames: int = Field(default=1024, ge=1)
+    follow_buffer_chars: int = Field(default=32 * 1024 * 1024, ge=1024)
+    # Follow: how long the browser may take to send its hello after the handshake.
+    follow_hello_timeout_seconds: float = Field(default=10.0, gt=0)
+    # Follow: how long the last frames (an error, a resync) and the close may take to reach a browser
+    # that stopped reading before the gateway gives up on it.
+    follow_close_timeout_seconds: float = Field(default=5.0, gt=0)
+
     @model_validator(mode="after")
     def _check_users(self) -> GatewaySettings:
         if self.dev_token is not None:

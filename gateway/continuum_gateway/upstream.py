@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 
 from continuum.transcript.v1 import transcript_service_pb2, transcript_service_pb2_grpc
 from continuum_gateway.auth import acting_user
@@ -44,6 +44,12 @@ class Upstreams:
         self._service_token = settings.service_token
         self._timeout = settings.upstream_timeout_seconds
         self._readiness_timeout = settings.readiness_timeout_seconds
+        self._open_follows = 0
+
+    @property
+    def open_follows(self) -> int:
+        """Transcript Follow streams open right now (one per connected follower)."""
+        return self._open_follows
 
     async def call_transcript(self, rpc: Callable[..., Awaitable[Any]], request: Message, *, user: str) -> Any:
         """Call a transcript RPC (e.g. ``upstreams.transcript.GetSession``) on behalf of `user`.
@@ -55,6 +61,25 @@ class Upstreams:
             return await rpc(request, metadata=metadata, timeout=self._timeout)
         except grpc.aio.AioRpcError as error:
             raise UpstreamError(TRANSCRIPT, error) from None
+
+    @asynccontextmanager
+    async def follow_transcript(
+        self, request: transcript_service_pb2.FollowRequest, *, user: str
+    ) -> AsyncIterator[Any]:
+        """A transcript Follow stream for `user` (a grpc.aio call to iterate), cancelled on exit.
+
+        The stream has no deadline: it lives as long as the follower. Leaving the block cancels the
+        call whatever the reason (the browser left, it fell behind, the gateway stops), so no stream
+        outlives its WebSocket. Iterating a failed call raises `grpc.aio.AioRpcError`.
+        """
+        metadata = call_metadata(self._service_token.get_secret_value(), user)
+        call = self.transcript.Follow(request, metadata=metadata)
+        self._open_follows += 1
+        try:
+            yield call
+        finally:
+            call.cancel()
+            self._open_follows -= 1
 
     async def readiness(self) -> dict[str, str]:
         """Each upstream's serving status per the standard gRPC health service.
@@ -88,8 +113,8 @@ async def connect(settings: GatewaySettings) -> AsyncIterator[Upstreams]:
         await upstreams.close()
 
 
-def upstreams_of(request: Request) -> Upstreams:
-    """The `Upstreams` the lifespan put in the request's state."""
+def upstreams_of(request: HTTPConnection) -> Upstreams:
+    """The `Upstreams` the lifespan put in the request's (or WebSocket's) state."""
     upstreams = getattr(request.state, STATE_KEY, None)
     if not isinstance(upstreams, Upstreams):
         raise RuntimeError("the gateway's lifespan did not run: no upstreams in the request state")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import httpx
@@ -11,7 +12,7 @@ from gateway_testing import ALICE_TOKEN, assert_error, bearer, gateway_settings,
 from pydantic import SecretStr, ValidationError
 
 from continuum_gateway.app import create_app
-from continuum_gateway.auth import Authenticator
+from continuum_gateway.auth import Authenticator, bearer_subprotocol
 from continuum_gateway.settings import GatewaySettings
 
 
@@ -66,6 +67,22 @@ def test_authenticator_resolves_tokens_case_insensitive_scheme() -> None:
     assert authenticator.user_for("bearer t0k") == "alice"
     assert authenticator.user_for("Bearer T0K") is None
     assert authenticator.user_for(None) is None
+
+
+def test_bearer_subprotocols_carry_any_token_as_a_header_token() -> None:
+    token = "t/0+k=n with spaces ü"
+    authenticator = Authenticator({token: "alice", "bob-token": "bob"})
+    subprotocol = bearer_subprotocol(token)
+    # RFC 7230 token characters only, as browsers require of subprotocols.
+    assert re.fullmatch(r"[A-Za-z0-9._-]+", subprotocol), subprotocol
+    assert authenticator.user_for_subprotocols(["continuum.follow.v1", subprotocol]) == "alice"
+    assert authenticator.user_for_subprotocols([subprotocol, bearer_subprotocol("bob-token")]) is None
+    assert authenticator.user_for_subprotocols(["continuum.follow.v1"]) is None
+    assert authenticator.user_for_subprotocols(["continuum.bearer."]) is None
+    assert authenticator.user_for_subprotocols(["continuum.bearer.%%%"]) is None
+    assert authenticator.user_for_subprotocols(["continuum.bearer." + "_w"]) is None  # not UTF-8
+    # The raw token is not a credential: only its encoding is.
+    assert authenticator.user_for_subprotocols(["continuum.bearer.bob-token"]) is None
 
 
 def test_users_come_from_json_and_never_show_in_repr(monkeypatch: pytest.MonkeyPatch) -> None:

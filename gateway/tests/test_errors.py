@@ -20,9 +20,13 @@ from continuum_gateway.access_log import AccessLogMiddleware
 from continuum_gateway.app import create_app
 from continuum_gateway.errors import (
     HTTP_STATUS,
+    WEBSOCKET_CLOSE_CODE,
     GatewayError,
     UpstreamError,
+    body_close_code,
+    close_code_for,
     error_body,
+    upstream_error_body,
     upstream_error_response,
 )
 from continuum_runtime.errors import FieldViolation, InvalidArgument, ServiceError, Unauthenticated
@@ -52,6 +56,31 @@ CANONICAL = {
 def test_table_is_googles_canonical_mapping_for_every_code() -> None:
     assert {code.name: status for code, status in HTTP_STATUS.items()} == CANONICAL
     assert set(HTTP_STATUS) == set(grpc.StatusCode)
+
+
+def test_close_codes_are_4000_plus_the_http_status_for_every_code() -> None:
+    assert set(WEBSOCKET_CLOSE_CODE) == set(grpc.StatusCode)
+    for code, close in WEBSOCKET_CLOSE_CODE.items():
+        assert close == (1000 if code == grpc.StatusCode.OK else 4000 + CANONICAL[code.name]), code
+        assert 4000 <= close <= 4999 or close == 1000  # RFC 6455: 4000-4999 belong to the application
+
+
+def test_upgrade_required_is_426_and_4426_whoever_detects_it() -> None:
+    precondition = grpc.StatusCode.FAILED_PRECONDITION
+    assert close_code_for(precondition) == 4400
+    assert close_code_for(precondition, "UPGRADE_REQUIRED") == 4426
+    own = GatewayError(precondition, "upgrade", reason="UPGRADE_REQUIRED")
+    assert (own.http_status, body_close_code(own.body())) == (426, 4426)
+
+    class _UpgradeRequired(ServiceError):
+        code = precondition
+        reason = "UPGRADE_REQUIRED"
+        domain = "transcript.continuum"
+
+    relayed = upstream_error_body(_failed_call(precondition, "upgrade", _UpgradeRequired("upgrade")))
+    assert (relayed["error"]["code"], body_close_code(relayed)) == (426, 4426)
+    other = upstream_error_body(_failed_call(grpc.StatusCode.NOT_FOUND, "x", _NotFound("x")))
+    assert body_close_code(other) == 4404
 
 
 def test_body_carries_error_info_and_field_violations() -> None:

@@ -11,7 +11,16 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from gateway_testing import unused_address
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+from websockets.typing import Subprotocol
+
+from continuum_gateway.__main__ import uvicorn_config
+from continuum_gateway.auth import bearer_subprotocol
+from continuum_gateway.follow import FOLLOW_SUBPROTOCOL
+from continuum_gateway.settings import GatewaySettings
 
 DEV_TOKEN = "main-test-dev-token"
 SERVICE_TOKEN = "main-test-service-token"
@@ -50,6 +59,15 @@ def test_serves_on_a_free_port_and_exits_0_on_sigint(tmp_path: Path) -> None:
             # Past authentication, through the lifespan's upstreams, to the absent transcript.
             sessions = client.get("/v1/sessions", headers={"Authorization": f"Bearer {DEV_TOKEN}"})
             assert sessions.status_code == 503, sessions.text
+        # The Follow WebSocket, authenticated the browser's way, reports the absent transcript.
+        subprotocols = [Subprotocol(FOLLOW_SUBPROTOCOL), Subprotocol(bearer_subprotocol(DEV_TOKEN))]
+        with connect(f"ws://127.0.0.1:{port}/v1/sessions/s1/follow", subprotocols=subprotocols) as websocket:
+            websocket.send(json.dumps({"type": "hello", "capabilities": ["transcript-v2"]}))
+            error = json.loads(websocket.recv(timeout=10))
+            with pytest.raises(ConnectionClosed):
+                websocket.recv(timeout=10)
+        assert (error["type"], error["error"]["status"]) == ("error", "UNAVAILABLE")
+        assert websocket.close_code == 4503
         process.send_signal(signal.SIGINT)
         stdout, stderr = process.communicate(timeout=30)
     finally:
@@ -64,5 +82,17 @@ def test_serves_on_a_free_port_and_exits_0_on_sigint(tmp_path: Path) -> None:
     ).items()
     assert any(line["event"] == "gateway stopped" for line in lines)
     assert DEV_TOKEN.encode() not in stderr
+    assert bearer_subprotocol(DEV_TOKEN).encode() not in stderr
+    follow = next(line for line in lines if line["event"] == "follow closed")
+    assert (follow["user"], follow["outcome"], follow["close_code"]) == ("dev", "upstream_unavailable", 4503)
     assert SERVICE_TOKEN.encode() not in stderr
     assert [p.name for p in port_file.parent.iterdir()] == ["gateway.port"]
+
+
+def test_uvicorn_pings_websockets_as_configured(tmp_path: Path) -> None:
+    settings = GatewaySettings(
+        data_dir=tmp_path, ws_ping_interval_seconds=7.5, ws_ping_timeout_seconds=3.0, ws_max_message_bytes=4096
+    )
+    config = uvicorn_config(settings)
+    assert (config.ws, config.ws_ping_interval, config.ws_ping_timeout) == ("websockets-sansio", 7.5, 3.0)
+    assert config.ws_max_size == 4096

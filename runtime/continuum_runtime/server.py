@@ -33,10 +33,14 @@ class GrpcService:
     port: int
     health: health.aio.HealthServicer
     cleanups: list[Cleanup] = field(default_factory=list)
+    # Run before the server stops, e.g. to end long-lived streams so they need no grace period.
+    drains: list[Cleanup] = field(default_factory=list)
 
     async def stop(self, grace: float) -> None:
-        """Report NOT_SERVING, let calls in flight finish within `grace`, then close resources."""
+        """Report NOT_SERVING, drain streams, let calls in flight finish within `grace`, close."""
         await self.health.enter_graceful_shutdown()
+        for drain in self.drains:
+            await drain()
         await self.server.stop(grace)
         for cleanup in reversed(self.cleanups):
             await cleanup()
@@ -65,6 +69,7 @@ async def start_server(
     register: Callable[[grpc.aio.Server], Sequence[str]],
     tracer_provider: TracerProvider,
     cleanups: Sequence[Cleanup] = (),
+    drains: Sequence[Cleanup] = (),
 ) -> GrpcService:
     """Build and start the server; `register` adds servicers and returns their full service names."""
     interceptors: list[grpc.aio.ServerInterceptor] = [
@@ -87,7 +92,7 @@ async def start_server(
     for service_name in ["", *service_names]:
         await health_servicer.set(service_name, health_pb2.HealthCheckResponse.SERVING)
     logger.info("server started", extra={"service": name, "port": port})
-    return GrpcService(name, server, port, health_servicer, list(cleanups))
+    return GrpcService(name, server, port, health_servicer, list(cleanups), list(drains))
 
 
 def write_port_file(data_dir: Path, name: str, port: int) -> Path:

@@ -87,4 +87,25 @@ class PageTokenInvalid(TranscriptError):
     reason = "PAGE_TOKEN_INVALID"
 
 
+class AttemptConflict(TranscriptError):
+    """A sampling call does not match the attempt that is open (or its chunk order)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "ATTEMPT_CONFLICT"
+
+
+class PublisherUnavailable(TranscriptError):
+    """The session's live transcript moved to another generation or process; retry."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "PUBLISHER_MOVED"
+
+
+class UpgradeRequired(TranscriptError):
+    """The peer did not advertise the protocol this call speaks; there is no legacy fallback."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "UPGRADE_REQUIRED"
+
+
 __all__ = ["BadRequest", "TranscriptError"]

@@ -2,67 +2,24 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from sqlalchemy import ColumnElement, RowMapping, insert, select, update
+from sqlalchemy import ColumnElement, RowMapping, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum_transcript import events, sessions
-from continuum_transcript.clock import now_ms
 from continuum_transcript.errors import (
     AttachmentNotFound,
     HistoryGenerationMismatch,
     MessageNotEditable,
     MessageNotFound,
-    SessionNotFound,
 )
 from continuum_transcript.tables import attachments, messages
-from continuum_transcript.validation import MessageRow
 
 
-async def append(
-    connection: AsyncConnection, owner: str, session_id: str, batch: list[MessageRow]
-) -> tuple[list[int], int]:
-    """Store the whole batch atomically; returns the ids, ascending in the order given, and the
-    creation time.
-
-    `connection` must not be in a transaction yet: the PostgreSQL hot path is one statement.
-    """
-    now = now_ms()
-    rows = [
-        {
-            "session_id": session_id,
-            "role": row.role,
-            "content": row.content,
-            "tool_calls": row.tool_calls,
-            "tool_call_id": row.tool_call_id,
-            "metadata": row.metadata,
-            "status": row.status,
-            "deleted": False,
-            "create_ms": now,
-        }
-        for row in batch
-    ]
-    referenced = sorted({attachment for row in batch for attachment in row.attachment_ids()})
-    if connection.dialect.name == "postgresql" and not referenced:
-        ids = await _append_in_one_statement(connection, owner, session_id, rows)
-        if not ids:
-            await sessions.load(connection, owner, session_id)  # raises the precise refusal
-            raise SessionNotFound("no such session", metadata={"session_id": session_id})
-        return ids, now
-    async with connection.begin():
-        await sessions.load(connection, owner, session_id)
-        await _check_attachments(connection, session_id, referenced)
-        # Only the ids come back: the response is built from the rows already in hand.
-        result = await connection.execute(
-            insert(messages).returning(messages.c.message_id, sort_by_parameter_order=True), rows
-        )
-        return [message_id for (message_id,) in result.all()], now
-
-
-async def _check_attachments(connection: AsyncConnection, session_id: str, referenced: list[str]) -> None:
+async def check_attachments(connection: AsyncConnection, session_id: str, referenced: list[str]) -> None:
+    """Every referenced attachment must have been uploaded to this session."""
     if not referenced:
         return
     found = await connection.execute(
@@ -76,49 +33,6 @@ async def _check_attachments(connection: AsyncConnection, session_id: str, refer
             "content refers to attachments not uploaded to this session",
             metadata={"session_id": session_id, "attachment_id": missing[0]},
         )
-
-
-# The ownership check and the insert in one round trip. PostgreSQL evaluates the volatile
-# nextval() after the sort (since 9.6), so ids ascend in the batch's own order.
-_APPEND_IF_OWNED = """
-WITH inserted AS (
-    INSERT INTO messages
-        (message_id, session_id, role, content, tool_calls, tool_call_id, metadata, status, deleted, create_ms)
-    SELECT nextval(pg_get_serial_sequence('messages', 'message_id')), $1::text, b.role, b.content, b.tool_calls,
-           b.tool_call_id, b.metadata, b.status, false, $3::bigint
-    FROM unnest($4::int[], $5::json[], $6::json[], $7::text[], $8::json[], $9::int[])
-         WITH ORDINALITY AS b(role, content, tool_calls, tool_call_id, metadata, status, ord)
-    WHERE EXISTS (SELECT 1 FROM sessions WHERE session_id = $1::text AND owner = $2::text AND NOT deleted)
-    ORDER BY b.ord
-    RETURNING message_id
-)
-SELECT message_id FROM inserted ORDER BY message_id
-"""
-
-
-async def _append_in_one_statement(
-    connection: AsyncConnection, owner: str, session_id: str, rows: list[dict[str, Any]]
-) -> list[int]:
-    """The append hot path on PostgreSQL; no ids when the session is not a live one of `owner`.
-
-    One statement is atomic on its own, and going straight to asyncpg skips the per-row statement
-    building that dominated append's CPU time.
-    """
-    raw = await connection.get_raw_connection()
-    driver: Any = raw.driver_connection
-    ids = await driver.fetch(
-        _APPEND_IF_OWNED,
-        session_id,
-        owner,
-        rows[0]["create_ms"],
-        [row["role"] for row in rows],
-        [json.dumps(row["content"]) for row in rows],
-        [json.dumps(row["tool_calls"]) for row in rows],
-        [row["tool_call_id"] for row in rows],
-        [json.dumps(row["metadata"]) for row in rows],
-        [row["status"] for row in rows],
-    )
-    return [record[0] for record in ids]
 
 
 async def get(connection: AsyncConnection, owner: str, session_id: str, message_id: int) -> RowMapping:
@@ -159,12 +73,20 @@ async def list_after(
 
 
 async def page(
-    connection: AsyncConnection, owner: str, session_id: str, anchor: int, newer: bool, size: int
+    connection: AsyncConnection,
+    owner: str,
+    session_id: str,
+    anchor: int,
+    newer: bool,
+    size: int,
+    seq_pin: int | None = None,
 ) -> tuple[list[RowMapping], bool, bool]:
     """Up to `size` live messages on one side of `anchor` (0 = the end), ascending, with whether
-    more exist beyond each edge of the page."""
+    more exist beyond each edge of the page; with `seq_pin`, only messages committed by then."""
     await sessions.load(connection, owner, session_id)
     live = (messages.c.session_id == session_id) & messages.c.deleted.is_(False)
+    if seq_pin is not None:
+        live = live & (messages.c.commit_seq <= seq_pin)
     if newer:
         query = select(messages).where(live, messages.c.message_id > anchor).order_by(messages.c.message_id)
     else:

@@ -14,6 +14,7 @@ from continuum_runtime.telemetry import tracer_provider
 from continuum_transcript import SERVICE_NAME
 from continuum_transcript.attachments import AttachmentStore
 from continuum_transcript.events import EventBell
+from continuum_transcript.registry import PublisherRegistry
 from continuum_transcript.servicer import TranscriptServicer
 from continuum_transcript.settings import TranscriptSettings
 
@@ -41,7 +42,14 @@ async def start(settings: TranscriptSettings) -> GrpcService:
     database = open_database(settings)
     if settings.migrate_on_start:
         await migrations.upgrade(database, MIGRATIONS_DIR)
-    servicer = TranscriptServicer(settings, database, AttachmentStore(settings.resolved_attachments_dir()), EventBell())
+    registry = PublisherRegistry(database, settings)
+    registry.start()
+    servicer = TranscriptServicer(
+        settings, database, AttachmentStore(settings.resolved_attachments_dir()), EventBell(), registry
+    )
+
+    async def drain_publishers() -> None:
+        await registry.shutdown(settings.shutdown_grace_seconds)
 
     def register(server: grpc.aio.Server) -> list[str]:
         api_grpc.add_TranscriptServiceServicer_to_server(servicer, server)
@@ -53,4 +61,5 @@ async def start(settings: TranscriptSettings) -> GrpcService:
         register=register,
         tracer_provider=tracer_provider(SERVICE_NAME),
         cleanups=[database.dispose],
+        drains=[drain_publishers],
     )

@@ -18,8 +18,21 @@ from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
 from continuum_runtime.auth import ACTING_USER_KEY, acting_user
 from continuum_runtime.database import Database
 from continuum_runtime.paging import PageTokenError, decode_page_token, encode_page_token, page_size
-from continuum_transcript import attachments, claims, convert, events, messages, sessions, validation
+from continuum_transcript import (
+    attachments,
+    claims,
+    convert,
+    events,
+    messages,
+    persistence,
+    sessions,
+    turns,
+    validation,
+)
+from continuum_transcript.clock import now_ms
 from continuum_transcript.errors import AttachmentTooLarge, BadRequest, PageTokenInvalid
+from continuum_transcript.live import LiveTranscript
+from continuum_transcript.registry import PublisherRegistry
 from continuum_transcript.settings import TranscriptSettings
 from continuum_transcript.tables import attachments as attachments_table
 
@@ -65,7 +78,7 @@ async def _with_media_types(connection: AsyncConnection, rows: Sequence[Mapping[
     return [convert.message(row, known) for row in rows]
 
 
-class TranscriptServicer(api_grpc.TranscriptServiceServicer):
+class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
     """The gRPC face of the transcript store."""
 
     def __init__(
@@ -74,11 +87,13 @@ class TranscriptServicer(api_grpc.TranscriptServiceServicer):
         database: Database,
         store: attachments.AttachmentStore,
         bell: events.EventBell,
+        registry: PublisherRegistry,
     ) -> None:
         self._settings = settings
         self._db = database
         self._store = store
         self._bell = bell
+        self._registry = registry
 
     # Sessions
 
@@ -153,6 +168,7 @@ class TranscriptServicer(api_grpc.TranscriptServiceServicer):
         async with self._db.transaction() as connection:
             deleted, event_id = await sessions.delete_tree(connection, owner, session_id)
         self._bell.ring()
+        self._registry.end_sessions(deleted)
         return api.DeleteSessionResponse(deleted_session_ids=deleted, event_id=event_id)
 
     # Messages
@@ -161,9 +177,15 @@ class TranscriptServicer(api_grpc.TranscriptServiceServicer):
         owner = acting_user(context)
         session_id = validation.session_id(request.session_id)
         batch = validation.append_batch(request.messages, self._settings)
-        async with self._db.connection() as connection:
-            ids, create_ms = await messages.append(connection, owner, session_id, batch)
-        return api.AppendMessagesResponse(message_ids=ids, create_time=convert.timestamp(create_ms))
+        referenced = sorted({a for row in batch for a in row.attachment_ids()})
+        if referenced:
+            async with self._db.connection() as connection:
+                await messages.check_attachments(connection, session_id, referenced)
+        publisher = await self._registry.get(owner, session_id)
+        created = now_ms()
+        seq, ids = await publisher.publish(batch)
+        await publisher.wait_durable(seq)
+        return api.AppendMessagesResponse(message_ids=ids, create_time=convert.timestamp(created))
 
     async def GetMessage(self, request: api.GetMessageRequest, context: Context) -> api.GetMessageResponse:
         owner = acting_user(context)
@@ -208,10 +230,21 @@ class TranscriptServicer(api_grpc.TranscriptServiceServicer):
             raise BadRequest("direction", "is not a known page direction")
         newer = request.direction == api.PAGE_DIRECTION_NEWER
         size = page_size(validation.non_negative(request.page_size, "page_size"), default=32, maximum=200)
+        generation_pin = validation.non_negative(request.generation, "generation")
+        seq_pin = validation.non_negative(request.snapshot_seq, "snapshot_seq")
         async with self._db.connection() as connection:
-            rows, has_older, has_newer = await messages.page(connection, owner, session_id, anchor, newer, size)
+            generation = await persistence.current_generation(connection, session_id)
+            if generation_pin and generation_pin != generation:
+                await sessions.load(connection, owner, session_id)
+                # Never another generation's page: the client must re-follow.
+                return api.ListMessagePageResponse(status=api.PIN_STATUS_STALE, generation=generation)
+            rows, has_older, has_newer = await messages.page(
+                connection, owner, session_id, anchor, newer, size, seq_pin if generation_pin else None
+            )
             page = await _with_media_types(connection, rows)
-        return api.ListMessagePageResponse(messages=page, has_older=has_older, has_newer=has_newer)
+        return api.ListMessagePageResponse(
+            messages=page, has_older=has_older, has_newer=has_newer, status=api.PIN_STATUS_OK, generation=generation
+        )
 
     async def EditUserMessage(
         self, request: api.EditUserMessageRequest, context: Context
@@ -223,10 +256,17 @@ class TranscriptServicer(api_grpc.TranscriptServiceServicer):
         if not content:
             raise BadRequest("content", "must not be empty")
         expected = validation.non_negative(request.expected_history_generation, "expected_history_generation")
-        async with self._db.transaction() as connection:
-            row, generation, removed, event_id = await messages.edit_user_message(
+        publisher = await self._registry.get(owner, session_id)
+
+        async def change(connection: AsyncConnection) -> tuple[Any, int, int, int]:
+            edited = await messages.edit_user_message(
                 connection, owner, session_id, message_id, content, expected or None
             )
+            await turns.invalidate(connection, session_id)
+            return edited
+
+        (row, generation, removed, event_id), _ = await publisher.rewrite(change)
+        async with self._db.connection() as connection:
             (edited,) = await _with_media_types(connection, [row])
         self._bell.ring()
         return api.EditUserMessageResponse(

@@ -25,6 +25,14 @@ class TranscriptSettings(ServiceSettings):
     # How often WatchSessionEvents looks for events committed by other processes.
     events_poll_seconds: float = Field(default=1.0, gt=0)
 
+    # Follow: frames a follower may lag behind before resync(OVERFLOW); replayable frames for resume.
+    follow_queue_bound: int = Field(default=4096, ge=16)
+    follow_replay_frames: int = Field(default=1024, ge=16)
+    follow_heartbeat_seconds: float = Field(default=5.0, gt=0)
+    # Message ids reserved at once by a publisher, and how long an unused publisher lives.
+    publisher_id_block: int = Field(default=256, ge=1)
+    publisher_idle_seconds: float = Field(default=300.0, gt=0)
+
     def resolved_attachments_dir(self) -> Path:
         """Where attachment bytes live (a volume in production)."""
         return self.attachments_dir or self.data_dir / "attachments"

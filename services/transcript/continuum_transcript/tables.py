@@ -49,6 +49,8 @@ messages = Table(
     Column("status", Integer, nullable=False),
     Column("deleted", Boolean, nullable=False),
     Column("create_ms", BigInteger, nullable=False),
+    # The business sequence of the batch that committed the message (0 before Follow v2).
+    Column("commit_seq", BigInteger, nullable=False, server_default="0"),
     Index("ix_messages_session_deleted_id", "session_id", "deleted", "message_id"),
     # Never reuse an id on SQLite either: compaction boundaries are real message ids.
     sqlite_autoincrement=True,
@@ -94,4 +96,46 @@ session_events = Table(
     Column("payload", JsonColumn, nullable=False),
     Column("create_ms", BigInteger, nullable=False),
     sqlite_autoincrement=True,
+)
+
+# The live publisher's persisted state: its generation (epoch) and the durable prefix.
+session_runtime = Table(
+    "session_runtime",
+    metadata,
+    Column("session_id", String(64), primary_key=True),
+    # Bumped on every publisher (re)bind and history rewrite; never goes back.
+    Column("generation", BigInteger, nullable=False),
+    Column("durable_seq", BigInteger, nullable=False),
+    Column("runtime_state", JsonColumn, nullable=False),
+    Column("pending_prompts", JsonColumn, nullable=False),
+    Column("update_ms", BigInteger, nullable=False),
+)
+
+# Derived turn index: disposable, rebuildable from the messages (see turns.py).
+turns = Table(
+    "turns",
+    metadata,
+    Column("session_id", String(64), primary_key=True),
+    Column("turn", Integer, primary_key=True),
+    Column("prompt_message_id", BigInteger, nullable=False),
+    Column("position", BigInteger, nullable=False),
+    Column("prompt_preview", Text, nullable=False),
+    Column("answer_preview", Text, nullable=True),
+    Column("final_message_id", BigInteger, nullable=True),
+    Column("started_ms", BigInteger, nullable=False),
+    Column("finished_ms", BigInteger, nullable=True),
+    Column("sampling_count", Integer, nullable=True),
+    Column("tool_call_count", Integer, nullable=True),
+    Column("commit_seq", BigInteger, nullable=False),
+)
+
+turn_index_state = Table(
+    "turn_index_state",
+    metadata,
+    Column("session_id", String(64), primary_key=True),
+    # The derived-schema version the rows were built with; a newer code version rebuilds.
+    Column("version", Integer, nullable=False),
+    # The business sequence the index covers.
+    Column("coverage_seq", BigInteger, nullable=False),
+    Column("update_ms", BigInteger, nullable=False),
 )

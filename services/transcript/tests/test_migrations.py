@@ -17,25 +17,26 @@ from continuum_transcript.server import MIGRATIONS_DIR
 from continuum_transcript.tables import metadata
 
 
-async def _migrate_in_subprocess(database_url: str) -> int:
+async def _migrate_in_subprocess(database_url: str) -> tuple[int, str]:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "continuum_transcript",
         "migrate",
         env={**os.environ, "TRANSCRIPT_DATABASE_URL": database_url},
-        stderr=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
     )
-    return await process.wait()
+    _, errors = await process.communicate()
+    return process.returncode or 0, errors.decode()[-2000:]
 
 
 async def test_concurrent_runs_all_succeed_and_match_the_code(database_url: str) -> None:
-    codes = await asyncio.gather(*[_migrate_in_subprocess(database_url) for _ in range(3)])
-    assert codes == [0, 0, 0]
+    results = await asyncio.gather(*[_migrate_in_subprocess(database_url) for _ in range(3)])
+    assert [code for code, _ in results] == [0, 0, 0], [log for code, log in results if code]
     database = Database(database_url, schema="transcript")
     try:
         await migrations.upgrade(database, MIGRATIONS_DIR)
-        assert await migrations.current_revision(database, MIGRATIONS_DIR) == "0001"
+        assert await migrations.current_revision(database, MIGRATIONS_DIR) == "0002"
 
         def differences(connection: Connection) -> list[object]:
             return list(compare_metadata(MigrationContext.configure(connection), metadata))

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from pydantic import SecretStr
 
+from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as pb
+from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
 from continuum_runtime.auth import call_metadata
+from continuum_runtime.channels import open_channel
 from continuum_runtime.errors import ErrorDetails, error_details
 from continuum_runtime.server import GrpcService
+from continuum_transcript.server import start
 from continuum_transcript.settings import TranscriptSettings
 
 SERVICE_TOKEN = "test-service-token"
@@ -75,3 +82,54 @@ async def refused(call: Awaitable[object], code: grpc.StatusCode, reason: str) -
     details = error_details(caught.value)
     assert (details.code, details.reason) == (code, reason), details
     return details
+
+
+class Follower:
+    """A raw Follow stream read frame by frame (heartbeats skipped unless asked for)."""
+
+    def __init__(self, client: TranscriptClient, session_id: str, *, resume: tuple[int, int] | None = None) -> None:
+        request = api.FollowRequest(session_id=session_id, capabilities=["transcript-v2"])
+        if resume is not None:
+            request.resume.CopyFrom(fpb.FollowCursor(generation=resume[0], seq=resume[1]))
+        self.call = client.stub.Follow(request, metadata=client.as_user("alice"))
+        self.frames: list[Any] = []
+
+    async def next(self, *, heartbeats: bool = False, seconds: float = 10.0) -> Any:
+        """The next frame."""
+        while True:
+            frame = await asyncio.wait_for(self.call.read(), seconds)
+            assert frame is not grpc.aio.EOF, "the stream ended"
+            if heartbeats or frame.WhichOneof("frame") != "heartbeat":
+                self.frames.append(frame)
+                return frame
+
+    async def until(self, kind: str, *, seconds: float = 10.0) -> list[Any]:
+        """Frames up to and including the first of `kind`."""
+        seen = []
+        while True:
+            frame = await self.next(seconds=seconds)
+            seen.append(frame)
+            if frame.WhichOneof("frame") == kind:
+                return seen
+
+    def close(self) -> None:
+        """Disconnect (never a cancel of anything the runtime does)."""
+        self.call.cancel()
+
+
+def kinds(frames: list[Any]) -> list[str]:
+    """The oneof names of `frames`."""
+    return [frame.WhichOneof("frame") for frame in frames]
+
+
+@asynccontextmanager
+async def running_transcript(tmp_path: Path, database_url: str, **overrides: object) -> AsyncIterator[TranscriptClient]:
+    """A started transcript service (with `overrides` on its settings) and a connected client."""
+    settings = transcript_settings(tmp_path, database_url, **overrides)
+    service = await start(settings)
+    channel = open_channel(f"127.0.0.1:{service.port}")
+    try:
+        yield TranscriptClient(api_grpc.TranscriptServiceStub(channel), channel, service, settings)
+    finally:
+        await channel.close()
+        await service.stop(grace=0)

@@ -4,6 +4,7 @@ isort:skip_file
 """
 
 from collections import abc as _abc
+from continuum.transcript.v1 import follow_pb2 as _follow_pb2
 from continuum.transcript.v1 import resources_pb2 as _resources_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
@@ -45,6 +46,30 @@ PAGE_DIRECTION_OLDER: PageDirection.ValueType  # 1
 PAGE_DIRECTION_NEWER: PageDirection.ValueType  # 2
 """Messages after the anchor."""
 Global___PageDirection: _TypeAlias = PageDirection  # noqa: Y015
+
+class _PinStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PinStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PinStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PIN_STATUS_UNSPECIFIED: _PinStatus.ValueType  # 0
+    PIN_STATUS_OK: _PinStatus.ValueType  # 1
+    PIN_STATUS_STALE: _PinStatus.ValueType  # 2
+    """The pinned generation is gone: re-follow for a fresh baseline."""
+    PIN_STATUS_UNSUPPORTED: _PinStatus.ValueType  # 3
+    """The caller did not advertise the capability this read needs."""
+
+class PinStatus(_PinStatus, metaclass=_PinStatusEnumTypeWrapper):
+    """Whether a pinned read could be answered at its pin."""
+
+PIN_STATUS_UNSPECIFIED: PinStatus.ValueType  # 0
+PIN_STATUS_OK: PinStatus.ValueType  # 1
+PIN_STATUS_STALE: PinStatus.ValueType  # 2
+"""The pinned generation is gone: re-follow for a fresh baseline."""
+PIN_STATUS_UNSUPPORTED: PinStatus.ValueType  # 3
+"""The caller did not advertise the capability this read needs."""
+Global___PinStatus: _TypeAlias = PinStatus  # noqa: Y015
 
 @_typing.final
 class CreateSessionRequest(_message.Message):
@@ -488,6 +513,8 @@ class ListMessagePageRequest(_message.Message):
     ANCHOR_MESSAGE_ID_FIELD_NUMBER: _builtins.int
     DIRECTION_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_SEQ_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     anchor_message_id: _builtins.int
     """Exclusive anchor; 0 means the end of the history (latest page)."""
@@ -495,6 +522,11 @@ class ListMessagePageRequest(_message.Message):
     """OLDER when unspecified."""
     page_size: _builtins.int
     """At most 200; 32 when zero."""
+    generation: _builtins.int
+    """Optional pin (from a snapshot's history cursor): answer STALE unless the session is still in
+    this Follow generation, and show only messages committed at or before snapshot_seq.
+    """
+    snapshot_seq: _builtins.int
     def __init__(
         self,
         *,
@@ -502,10 +534,12 @@ class ListMessagePageRequest(_message.Message):
         anchor_message_id: _builtins.int = ...,
         direction: Global___PageDirection.ValueType = ...,
         page_size: _builtins.int = ...,
+        generation: _builtins.int = ...,
+        snapshot_seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["anchor_message_id", b"anchor_message_id", "direction", b"direction", "page_size", b"page_size", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["anchor_message_id", b"anchor_message_id", "direction", b"direction", "generation", b"generation", "page_size", b"page_size", "session_id", b"session_id", "snapshot_seq", b"snapshot_seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -520,8 +554,13 @@ class ListMessagePageResponse(_message.Message):
     MESSAGES_FIELD_NUMBER: _builtins.int
     HAS_OLDER_FIELD_NUMBER: _builtins.int
     HAS_NEWER_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
     has_older: _builtins.bool
     has_newer: _builtins.bool
+    status: Global___PinStatus.ValueType
+    """STALE (and no messages) when the pin's generation is gone."""
+    generation: _builtins.int
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_resources_pb2.Message]:
         """Ascending by id."""
@@ -532,10 +571,12 @@ class ListMessagePageResponse(_message.Message):
         messages: _abc.Iterable[_resources_pb2.Message] | None = ...,
         has_older: _builtins.bool = ...,
         has_newer: _builtins.bool = ...,
+        status: Global___PinStatus.ValueType = ...,
+        generation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["has_newer", b"has_newer", "has_older", b"has_older", "messages", b"messages"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "has_newer", b"has_newer", "has_older", b"has_older", "messages", b"messages", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1021,3 +1062,615 @@ class WatchSessionEventsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WatchSessionEventsResponse: _TypeAlias = WatchSessionEventsResponse  # noqa: Y015
+
+@_typing.final
+class FollowRequest(_message.Message):
+    """Request of Follow."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    CAPABILITIES_FIELD_NUMBER: _builtins.int
+    RESUME_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    @_builtins.property
+    def capabilities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Must include "transcript-v2"; an older peer is refused with UPGRADE_REQUIRED."""
+
+    @_builtins.property
+    def resume(self) -> _follow_pb2.FollowCursor:
+        """Optional: the last applied cursor, to resume with suffix only when still in the window."""
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        capabilities: _abc.Iterable[_builtins.str] | None = ...,
+        resume: _follow_pb2.FollowCursor | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["resume", b"resume"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "resume", b"resume", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FollowRequest: _TypeAlias = FollowRequest  # noqa: Y015
+
+@_typing.final
+class FollowResponse(_message.Message):
+    """Response of Follow: one frame of the stream. Every frame names the generation."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GENERATION_FIELD_NUMBER: _builtins.int
+    HANDSHAKE_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_BEGIN_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_RECORDS_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_RUNTIME_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_PREFIX_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_END_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
+    WATERMARK_FIELD_NUMBER: _builtins.int
+    ATTEMPT_OPENED_FIELD_NUMBER: _builtins.int
+    CHUNK_FIELD_NUMBER: _builtins.int
+    SETTLEMENT_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_FIELD_NUMBER: _builtins.int
+    RECOVERY_FAILURE_FIELD_NUMBER: _builtins.int
+    RECOVERED_FIELD_NUMBER: _builtins.int
+    RESYNC_FIELD_NUMBER: _builtins.int
+    generation: _builtins.int
+    @_builtins.property
+    def handshake(self) -> _follow_pb2.HandshakeFrame: ...
+    @_builtins.property
+    def snapshot_begin(self) -> _follow_pb2.SnapshotBeginFrame: ...
+    @_builtins.property
+    def snapshot_records(self) -> _follow_pb2.SnapshotRecordsFrame: ...
+    @_builtins.property
+    def snapshot_runtime(self) -> _follow_pb2.SnapshotRuntimeFrame: ...
+    @_builtins.property
+    def snapshot_prefix(self) -> _follow_pb2.ActivePrefix: ...
+    @_builtins.property
+    def snapshot_end(self) -> _follow_pb2.SnapshotEndFrame: ...
+    @_builtins.property
+    def batch(self) -> _follow_pb2.BatchFrame: ...
+    @_builtins.property
+    def watermark(self) -> _follow_pb2.WatermarkFrame: ...
+    @_builtins.property
+    def attempt_opened(self) -> _follow_pb2.AttemptRef: ...
+    @_builtins.property
+    def chunk(self) -> Global___ChunkFrame: ...
+    @_builtins.property
+    def settlement(self) -> _follow_pb2.SettlementFrame: ...
+    @_builtins.property
+    def heartbeat(self) -> _follow_pb2.HeartbeatFrame: ...
+    @_builtins.property
+    def recovery_failure(self) -> _follow_pb2.RecoveryFailureFrame: ...
+    @_builtins.property
+    def recovered(self) -> _follow_pb2.RecoveredFrame: ...
+    @_builtins.property
+    def resync(self) -> _follow_pb2.ResyncFrame: ...
+    def __init__(
+        self,
+        *,
+        generation: _builtins.int = ...,
+        handshake: _follow_pb2.HandshakeFrame | None = ...,
+        snapshot_begin: _follow_pb2.SnapshotBeginFrame | None = ...,
+        snapshot_records: _follow_pb2.SnapshotRecordsFrame | None = ...,
+        snapshot_runtime: _follow_pb2.SnapshotRuntimeFrame | None = ...,
+        snapshot_prefix: _follow_pb2.ActivePrefix | None = ...,
+        snapshot_end: _follow_pb2.SnapshotEndFrame | None = ...,
+        batch: _follow_pb2.BatchFrame | None = ...,
+        watermark: _follow_pb2.WatermarkFrame | None = ...,
+        attempt_opened: _follow_pb2.AttemptRef | None = ...,
+        chunk: Global___ChunkFrame | None = ...,
+        settlement: _follow_pb2.SettlementFrame | None = ...,
+        heartbeat: _follow_pb2.HeartbeatFrame | None = ...,
+        recovery_failure: _follow_pb2.RecoveryFailureFrame | None = ...,
+        recovered: _follow_pb2.RecoveredFrame | None = ...,
+        resync: _follow_pb2.ResyncFrame | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attempt_opened", b"attempt_opened", "batch", b"batch", "chunk", b"chunk", "frame", b"frame", "handshake", b"handshake", "heartbeat", b"heartbeat", "recovered", b"recovered", "recovery_failure", b"recovery_failure", "resync", b"resync", "settlement", b"settlement", "snapshot_begin", b"snapshot_begin", "snapshot_end", b"snapshot_end", "snapshot_prefix", b"snapshot_prefix", "snapshot_records", b"snapshot_records", "snapshot_runtime", b"snapshot_runtime", "watermark", b"watermark"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_opened", b"attempt_opened", "batch", b"batch", "chunk", b"chunk", "frame", b"frame", "generation", b"generation", "handshake", b"handshake", "heartbeat", b"heartbeat", "recovered", b"recovered", "recovery_failure", b"recovery_failure", "resync", b"resync", "settlement", b"settlement", "snapshot_begin", b"snapshot_begin", "snapshot_end", b"snapshot_end", "snapshot_prefix", b"snapshot_prefix", "snapshot_records", b"snapshot_records", "snapshot_runtime", b"snapshot_runtime", "watermark", b"watermark"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_frame: _TypeAlias = _typing.Literal["handshake", "snapshot_begin", "snapshot_records", "snapshot_runtime", "snapshot_prefix", "snapshot_end", "batch", "watermark", "attempt_opened", "chunk", "settlement", "heartbeat", "recovery_failure", "recovered", "resync"]  # noqa: Y015
+    _WhichOneofArgType_frame: _TypeAlias = _typing.Literal["frame", b"frame"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_frame) -> _WhichOneofReturnType_frame | None: ...
+
+Global___FollowResponse: _TypeAlias = FollowResponse  # noqa: Y015
+
+@_typing.final
+class ChunkFrame(_message.Message):
+    """One streamed chunk of an attempt."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    CHUNK_INDEX_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    chunk_index: _builtins.int
+    text: _builtins.str
+    @_builtins.property
+    def attempt(self) -> _follow_pb2.AttemptRef: ...
+    def __init__(
+        self,
+        *,
+        attempt: _follow_pb2.AttemptRef | None = ...,
+        chunk_index: _builtins.int = ...,
+        text: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "chunk_index", b"chunk_index", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChunkFrame: _TypeAlias = ChunkFrame  # noqa: Y015
+
+@_typing.final
+class BatchOperation(_message.Message):
+    """One operation of a business batch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    RUNTIME_STATE_FIELD_NUMBER: _builtins.int
+    PROMPT_UPSERT_FIELD_NUMBER: _builtins.int
+    PROMPT_RESOLVED_FIELD_NUMBER: _builtins.int
+    EVENT_FIELD_NUMBER: _builtins.int
+    prompt_resolved: _builtins.str
+    @_builtins.property
+    def message(self) -> _resources_pb2.NewMessage: ...
+    @_builtins.property
+    def runtime_state(self) -> _follow_pb2.RuntimeState: ...
+    @_builtins.property
+    def prompt_upsert(self) -> _follow_pb2.PendingPrompt: ...
+    @_builtins.property
+    def event(self) -> _follow_pb2.RuntimeEvent: ...
+    def __init__(
+        self,
+        *,
+        message: _resources_pb2.NewMessage | None = ...,
+        runtime_state: _follow_pb2.RuntimeState | None = ...,
+        prompt_upsert: _follow_pb2.PendingPrompt | None = ...,
+        prompt_resolved: _builtins.str = ...,
+        event: _follow_pb2.RuntimeEvent | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "message", b"message", "operation", b"operation", "prompt_resolved", b"prompt_resolved", "prompt_upsert", b"prompt_upsert", "runtime_state", b"runtime_state"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "message", b"message", "operation", b"operation", "prompt_resolved", b"prompt_resolved", "prompt_upsert", b"prompt_upsert", "runtime_state", b"runtime_state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_operation: _TypeAlias = _typing.Literal["message", "runtime_state", "prompt_upsert", "prompt_resolved", "event"]  # noqa: Y015
+    _WhichOneofArgType_operation: _TypeAlias = _typing.Literal["operation", b"operation"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_operation) -> _WhichOneofReturnType_operation | None: ...
+
+Global___BatchOperation: _TypeAlias = BatchOperation  # noqa: Y015
+
+@_typing.final
+class PublishBatchRequest(_message.Message):
+    """Request of PublishBatch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    OPERATIONS_FIELD_NUMBER: _builtins.int
+    TERMINAL_FIELD_NUMBER: _builtins.int
+    WAIT_DURABLE_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    terminal: _builtins.bool
+    """A terminal batch (e.g. the turn finished) is shown only once it is durable."""
+    wait_durable: _builtins.bool
+    """Answer only once the batch is durable."""
+    @_builtins.property
+    def operations(self) -> _containers.RepeatedCompositeFieldContainer[Global___BatchOperation]:
+        """May be empty: an invisible batch still advances the sequence."""
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        operations: _abc.Iterable[Global___BatchOperation] | None = ...,
+        terminal: _builtins.bool = ...,
+        wait_durable: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["operations", b"operations", "session_id", b"session_id", "terminal", b"terminal", "wait_durable", b"wait_durable"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PublishBatchRequest: _TypeAlias = PublishBatchRequest  # noqa: Y015
+
+@_typing.final
+class PublishBatchResponse(_message.Message):
+    """Response of PublishBatch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GENERATION_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    MESSAGE_IDS_FIELD_NUMBER: _builtins.int
+    generation: _builtins.int
+    seq: _builtins.int
+    @_builtins.property
+    def message_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Ids of the batch's messages, in order."""
+
+    def __init__(
+        self,
+        *,
+        generation: _builtins.int = ...,
+        seq: _builtins.int = ...,
+        message_ids: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "message_ids", b"message_ids", "seq", b"seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PublishBatchResponse: _TypeAlias = PublishBatchResponse  # noqa: Y015
+
+@_typing.final
+class OpenAttemptRequest(_message.Message):
+    """Request of OpenAttempt."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    @_builtins.property
+    def attempt(self) -> _follow_pb2.AttemptRef:
+        """Attempt numbers of one message key increase; a higher one replaces the open one (retry)."""
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        attempt: _follow_pb2.AttemptRef | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenAttemptRequest: _TypeAlias = OpenAttemptRequest  # noqa: Y015
+
+@_typing.final
+class OpenAttemptResponse(_message.Message):
+    """Response of OpenAttempt."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GENERATION_FIELD_NUMBER: _builtins.int
+    generation: _builtins.int
+    def __init__(
+        self,
+        *,
+        generation: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenAttemptResponse: _TypeAlias = OpenAttemptResponse  # noqa: Y015
+
+@_typing.final
+class AppendChunksRequest(_message.Message):
+    """Request of AppendChunks."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    FIRST_CHUNK_INDEX_FIELD_NUMBER: _builtins.int
+    CHUNKS_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    first_chunk_index: _builtins.int
+    """Index of the first chunk; must equal the attempt's next chunk index."""
+    @_builtins.property
+    def attempt(self) -> _follow_pb2.AttemptRef: ...
+    @_builtins.property
+    def chunks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        attempt: _follow_pb2.AttemptRef | None = ...,
+        first_chunk_index: _builtins.int = ...,
+        chunks: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "chunks", b"chunks", "first_chunk_index", b"first_chunk_index", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AppendChunksRequest: _TypeAlias = AppendChunksRequest  # noqa: Y015
+
+@_typing.final
+class AppendChunksResponse(_message.Message):
+    """Response of AppendChunks."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NEXT_CHUNK_INDEX_FIELD_NUMBER: _builtins.int
+    next_chunk_index: _builtins.int
+    def __init__(
+        self,
+        *,
+        next_chunk_index: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_chunk_index", b"next_chunk_index"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AppendChunksResponse: _TypeAlias = AppendChunksResponse  # noqa: Y015
+
+@_typing.final
+class CommitAttemptRequest(_message.Message):
+    """Request of CommitAttempt."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    WAIT_DURABLE_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    wait_durable: _builtins.bool
+    """Answer only once the message is durable (its settlement was published)."""
+    @_builtins.property
+    def attempt(self) -> _follow_pb2.AttemptRef: ...
+    @_builtins.property
+    def message(self) -> _resources_pb2.NewMessage:
+        """The complete ASSISTANT message."""
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        attempt: _follow_pb2.AttemptRef | None = ...,
+        message: _resources_pb2.NewMessage | None = ...,
+        wait_durable: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "message", b"message"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "message", b"message", "session_id", b"session_id", "wait_durable", b"wait_durable"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommitAttemptRequest: _TypeAlias = CommitAttemptRequest  # noqa: Y015
+
+@_typing.final
+class CommitAttemptResponse(_message.Message):
+    """Response of CommitAttempt."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    message_id: _builtins.int
+    seq: _builtins.int
+    def __init__(
+        self,
+        *,
+        message_id: _builtins.int = ...,
+        seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message_id", b"message_id", "seq", b"seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommitAttemptResponse: _TypeAlias = CommitAttemptResponse  # noqa: Y015
+
+@_typing.final
+class CancelAttemptRequest(_message.Message):
+    """Request of CancelAttempt."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    WAIT_DURABLE_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    wait_durable: _builtins.bool
+    @_builtins.property
+    def attempt(self) -> _follow_pb2.AttemptRef: ...
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        attempt: _follow_pb2.AttemptRef | None = ...,
+        wait_durable: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "session_id", b"session_id", "wait_durable", b"wait_durable"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelAttemptRequest: _TypeAlias = CancelAttemptRequest  # noqa: Y015
+
+@_typing.final
+class CancelAttemptResponse(_message.Message):
+    """Response of CancelAttempt."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    message_id: _builtins.int
+    """The interrupted message holding the displayed partial output."""
+    seq: _builtins.int
+    def __init__(
+        self,
+        *,
+        message_id: _builtins.int = ...,
+        seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message_id", b"message_id", "seq", b"seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelAttemptResponse: _TypeAlias = CancelAttemptResponse  # noqa: Y015
+
+@_typing.final
+class GetHistoryOutlineRequest(_message.Message):
+    """Request of GetHistoryOutline."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    CAPABILITIES_FIELD_NUMBER: _builtins.int
+    START_TURN_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_SEQUENCE_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    start_turn: _builtins.int
+    """One-based; 1 when zero."""
+    limit: _builtins.int
+    """128 when zero, at most 1000."""
+    generation: _builtins.int
+    """Optional pin from the first page: later pages keep its cut."""
+    snapshot_sequence: _builtins.int
+    @_builtins.property
+    def capabilities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Must include "history-outline-v1", else the answer is UNSUPPORTED."""
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        capabilities: _abc.Iterable[_builtins.str] | None = ...,
+        start_turn: _builtins.int = ...,
+        limit: _builtins.int = ...,
+        generation: _builtins.int = ...,
+        snapshot_sequence: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "generation", b"generation", "limit", b"limit", "session_id", b"session_id", "snapshot_sequence", b"snapshot_sequence", "start_turn", b"start_turn"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetHistoryOutlineRequest: _TypeAlias = GetHistoryOutlineRequest  # noqa: Y015
+
+@_typing.final
+class OutlineEntry(_message.Message):
+    """One turn of the outline."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    TURN_FIELD_NUMBER: _builtins.int
+    POSITION_FIELD_NUMBER: _builtins.int
+    PROMPT_FIELD_NUMBER: _builtins.int
+    ANSWER_FIELD_NUMBER: _builtins.int
+    FINAL_MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    ELAPSED_MS_FIELD_NUMBER: _builtins.int
+    SAMPLING_COUNT_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_COUNT_FIELD_NUMBER: _builtins.int
+    message_id: _builtins.int
+    """The turn's USER prompt message."""
+    turn: _builtins.int
+    """One-based turn number."""
+    position: _builtins.int
+    """Live messages before the prompt (where its body window starts)."""
+    prompt: _builtins.str
+    """Preview of the prompt."""
+    answer: _builtins.str
+    """Preview of the final answer, when the turn has one."""
+    final_message_id: _builtins.int
+    """The final assistant message, when known."""
+    elapsed_ms: _builtins.int
+    """Wall time from prompt to final message, when known."""
+    sampling_count: _builtins.int
+    """Distinct sampling attempts and tool calls, only when the backend recorded them."""
+    tool_call_count: _builtins.int
+    def __init__(
+        self,
+        *,
+        message_id: _builtins.int = ...,
+        turn: _builtins.int = ...,
+        position: _builtins.int = ...,
+        prompt: _builtins.str = ...,
+        answer: _builtins.str | None = ...,
+        final_message_id: _builtins.int = ...,
+        elapsed_ms: _builtins.int = ...,
+        sampling_count: _builtins.int | None = ...,
+        tool_call_count: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_answer", b"_answer", "_sampling_count", b"_sampling_count", "_tool_call_count", b"_tool_call_count", "answer", b"answer", "sampling_count", b"sampling_count", "tool_call_count", b"tool_call_count"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_answer", b"_answer", "_sampling_count", b"_sampling_count", "_tool_call_count", b"_tool_call_count", "answer", b"answer", "elapsed_ms", b"elapsed_ms", "final_message_id", b"final_message_id", "message_id", b"message_id", "position", b"position", "prompt", b"prompt", "sampling_count", b"sampling_count", "tool_call_count", b"tool_call_count", "turn", b"turn"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__answer: _TypeAlias = _typing.Literal["answer"]  # noqa: Y015
+    _WhichOneofArgType__answer: _TypeAlias = _typing.Literal["_answer", b"_answer"]  # noqa: Y015
+    _WhichOneofReturnType__sampling_count: _TypeAlias = _typing.Literal["sampling_count"]  # noqa: Y015
+    _WhichOneofArgType__sampling_count: _TypeAlias = _typing.Literal["_sampling_count", b"_sampling_count"]  # noqa: Y015
+    _WhichOneofReturnType__tool_call_count: _TypeAlias = _typing.Literal["tool_call_count"]  # noqa: Y015
+    _WhichOneofArgType__tool_call_count: _TypeAlias = _typing.Literal["_tool_call_count", b"_tool_call_count"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__answer) -> _WhichOneofReturnType__answer | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__sampling_count) -> _WhichOneofReturnType__sampling_count | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tool_call_count) -> _WhichOneofReturnType__tool_call_count | None: ...
+
+Global___OutlineEntry: _TypeAlias = OutlineEntry  # noqa: Y015
+
+@_typing.final
+class GetHistoryOutlineResponse(_message.Message):
+    """Response of GetHistoryOutline."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUS_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_SEQUENCE_FIELD_NUMBER: _builtins.int
+    COVERAGE_SEQUENCE_FIELD_NUMBER: _builtins.int
+    TOTAL_TURNS_FIELD_NUMBER: _builtins.int
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    NEXT_TURN_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    status: Global___PinStatus.ValueType
+    generation: _builtins.int
+    snapshot_sequence: _builtins.int
+    coverage_sequence: _builtins.int
+    """The sequence the turn index covers."""
+    total_turns: _builtins.int
+    next_turn: _builtins.int
+    done: _builtins.bool
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___OutlineEntry]: ...
+    def __init__(
+        self,
+        *,
+        status: Global___PinStatus.ValueType = ...,
+        generation: _builtins.int = ...,
+        snapshot_sequence: _builtins.int = ...,
+        coverage_sequence: _builtins.int = ...,
+        total_turns: _builtins.int = ...,
+        entries: _abc.Iterable[Global___OutlineEntry] | None = ...,
+        next_turn: _builtins.int = ...,
+        done: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["coverage_sequence", b"coverage_sequence", "done", b"done", "entries", b"entries", "generation", b"generation", "next_turn", b"next_turn", "snapshot_sequence", b"snapshot_sequence", "status", b"status", "total_turns", b"total_turns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetHistoryOutlineResponse: _TypeAlias = GetHistoryOutlineResponse  # noqa: Y015

@@ -127,6 +127,41 @@ class TranscriptServiceStub:
                 request_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchSessionEventsRequest.SerializeToString,
                 response_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchSessionEventsResponse.FromString,
                 _registered_method=True)
+        self.Follow = channel.unary_stream(
+                '/continuum.transcript.v1.TranscriptService/Follow',
+                request_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.FollowRequest.SerializeToString,
+                response_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.FollowResponse.FromString,
+                _registered_method=True)
+        self.PublishBatch = channel.unary_unary(
+                '/continuum.transcript.v1.TranscriptService/PublishBatch',
+                request_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.PublishBatchRequest.SerializeToString,
+                response_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.PublishBatchResponse.FromString,
+                _registered_method=True)
+        self.OpenAttempt = channel.unary_unary(
+                '/continuum.transcript.v1.TranscriptService/OpenAttempt',
+                request_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.OpenAttemptRequest.SerializeToString,
+                response_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.OpenAttemptResponse.FromString,
+                _registered_method=True)
+        self.AppendChunks = channel.unary_unary(
+                '/continuum.transcript.v1.TranscriptService/AppendChunks',
+                request_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.AppendChunksRequest.SerializeToString,
+                response_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.AppendChunksResponse.FromString,
+                _registered_method=True)
+        self.CommitAttempt = channel.unary_unary(
+                '/continuum.transcript.v1.TranscriptService/CommitAttempt',
+                request_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.CommitAttemptRequest.SerializeToString,
+                response_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.CommitAttemptResponse.FromString,
+                _registered_method=True)
+        self.CancelAttempt = channel.unary_unary(
+                '/continuum.transcript.v1.TranscriptService/CancelAttempt',
+                request_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.CancelAttemptRequest.SerializeToString,
+                response_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.CancelAttemptResponse.FromString,
+                _registered_method=True)
+        self.GetHistoryOutline = channel.unary_unary(
+                '/continuum.transcript.v1.TranscriptService/GetHistoryOutline',
+                request_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.GetHistoryOutlineRequest.SerializeToString,
+                response_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.GetHistoryOutlineResponse.FromString,
+                _registered_method=True)
 
 
 class TranscriptServiceServicer:
@@ -261,6 +296,55 @@ class TranscriptServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Follow(self, request, context):
+        """Follows a session live: handshake, a snapshot (or a resume), then suffix frames.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PublishBatch(self, request, context):
+        """Publishes one business batch (messages, runtime state, prompts, runtime events).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OpenAttempt(self, request, context):
+        """Opens a sampling attempt of an assistant message.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AppendChunks(self, request, context):
+        """Streams chunks of an open attempt, with consecutive chunk indexes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitAttempt(self, request, context):
+        """Commits an attempt's complete message; its settlement follows once it is durable.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelAttempt(self, request, context):
+        """Cancels an attempt: exactly the displayed partial output is stored as interrupted.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetHistoryOutline(self, request, context):
+        """The durable turn directory (history-outline-v1).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TranscriptServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -353,6 +437,41 @@ def add_TranscriptServiceServicer_to_server(servicer, server):
                     servicer.WatchSessionEvents,
                     request_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchSessionEventsRequest.FromString,
                     response_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchSessionEventsResponse.SerializeToString,
+            ),
+            'Follow': grpc.unary_stream_rpc_method_handler(
+                    servicer.Follow,
+                    request_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.FollowRequest.FromString,
+                    response_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.FollowResponse.SerializeToString,
+            ),
+            'PublishBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.PublishBatch,
+                    request_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.PublishBatchRequest.FromString,
+                    response_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.PublishBatchResponse.SerializeToString,
+            ),
+            'OpenAttempt': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenAttempt,
+                    request_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.OpenAttemptRequest.FromString,
+                    response_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.OpenAttemptResponse.SerializeToString,
+            ),
+            'AppendChunks': grpc.unary_unary_rpc_method_handler(
+                    servicer.AppendChunks,
+                    request_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.AppendChunksRequest.FromString,
+                    response_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.AppendChunksResponse.SerializeToString,
+            ),
+            'CommitAttempt': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitAttempt,
+                    request_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.CommitAttemptRequest.FromString,
+                    response_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.CommitAttemptResponse.SerializeToString,
+            ),
+            'CancelAttempt': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelAttempt,
+                    request_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.CancelAttemptRequest.FromString,
+                    response_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.CancelAttemptResponse.SerializeToString,
+            ),
+            'GetHistoryOutline': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetHistoryOutline,
+                    request_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.GetHistoryOutlineRequest.FromString,
+                    response_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.GetHistoryOutlineResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -844,6 +963,195 @@ class TranscriptService:
             '/continuum.transcript.v1.TranscriptService/WatchSessionEvents',
             continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchSessionEventsRequest.SerializeToString,
             continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.WatchSessionEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Follow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/continuum.transcript.v1.TranscriptService/Follow',
+            continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.FollowRequest.SerializeToString,
+            continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.FollowResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PublishBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/continuum.transcript.v1.TranscriptService/PublishBatch',
+            continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.PublishBatchRequest.SerializeToString,
+            continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.PublishBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenAttempt(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/continuum.transcript.v1.TranscriptService/OpenAttempt',
+            continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.OpenAttemptRequest.SerializeToString,
+            continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.OpenAttemptResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AppendChunks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/continuum.transcript.v1.TranscriptService/AppendChunks',
+            continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.AppendChunksRequest.SerializeToString,
+            continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.AppendChunksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitAttempt(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/continuum.transcript.v1.TranscriptService/CommitAttempt',
+            continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.CommitAttemptRequest.SerializeToString,
+            continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.CommitAttemptResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelAttempt(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/continuum.transcript.v1.TranscriptService/CancelAttempt',
+            continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.CancelAttemptRequest.SerializeToString,
+            continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.CancelAttemptResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetHistoryOutline(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/continuum.transcript.v1.TranscriptService/GetHistoryOutline',
+            continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.GetHistoryOutlineRequest.SerializeToString,
+            continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.GetHistoryOutlineResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -72,6 +72,20 @@ class TranscriptServiceStub:
     """Pages through the session events outbox."""
     WatchSessionEvents: _grpc.UnaryStreamMultiCallable[_transcript_service_pb2.WatchSessionEventsRequest, _transcript_service_pb2.WatchSessionEventsResponse]
     """Streams events after a cursor: the backlog first, then new events as they commit."""
+    Follow: _grpc.UnaryStreamMultiCallable[_transcript_service_pb2.FollowRequest, _transcript_service_pb2.FollowResponse]
+    """Follows a session live: handshake, a snapshot (or a resume), then suffix frames."""
+    PublishBatch: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.PublishBatchRequest, _transcript_service_pb2.PublishBatchResponse]
+    """Publishes one business batch (messages, runtime state, prompts, runtime events)."""
+    OpenAttempt: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.OpenAttemptRequest, _transcript_service_pb2.OpenAttemptResponse]
+    """Opens a sampling attempt of an assistant message."""
+    AppendChunks: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.AppendChunksRequest, _transcript_service_pb2.AppendChunksResponse]
+    """Streams chunks of an open attempt, with consecutive chunk indexes."""
+    CommitAttempt: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.CommitAttemptRequest, _transcript_service_pb2.CommitAttemptResponse]
+    """Commits an attempt's complete message; its settlement follows once it is durable."""
+    CancelAttempt: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.CancelAttemptRequest, _transcript_service_pb2.CancelAttemptResponse]
+    """Cancels an attempt: exactly the displayed partial output is stored as interrupted."""
+    GetHistoryOutline: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.GetHistoryOutlineRequest, _transcript_service_pb2.GetHistoryOutlineResponse]
+    """The durable turn directory (history-outline-v1)."""
 
 @_typing.type_check_only
 class TranscriptServiceAsyncStub(TranscriptServiceStub):
@@ -117,6 +131,20 @@ class TranscriptServiceAsyncStub(TranscriptServiceStub):
     """Pages through the session events outbox."""
     WatchSessionEvents: _aio.UnaryStreamMultiCallable[_transcript_service_pb2.WatchSessionEventsRequest, _transcript_service_pb2.WatchSessionEventsResponse]  # type: ignore[assignment]
     """Streams events after a cursor: the backlog first, then new events as they commit."""
+    Follow: _aio.UnaryStreamMultiCallable[_transcript_service_pb2.FollowRequest, _transcript_service_pb2.FollowResponse]  # type: ignore[assignment]
+    """Follows a session live: handshake, a snapshot (or a resume), then suffix frames."""
+    PublishBatch: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.PublishBatchRequest, _transcript_service_pb2.PublishBatchResponse]  # type: ignore[assignment]
+    """Publishes one business batch (messages, runtime state, prompts, runtime events)."""
+    OpenAttempt: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.OpenAttemptRequest, _transcript_service_pb2.OpenAttemptResponse]  # type: ignore[assignment]
+    """Opens a sampling attempt of an assistant message."""
+    AppendChunks: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.AppendChunksRequest, _transcript_service_pb2.AppendChunksResponse]  # type: ignore[assignment]
+    """Streams chunks of an open attempt, with consecutive chunk indexes."""
+    CommitAttempt: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.CommitAttemptRequest, _transcript_service_pb2.CommitAttemptResponse]  # type: ignore[assignment]
+    """Commits an attempt's complete message; its settlement follows once it is durable."""
+    CancelAttempt: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.CancelAttemptRequest, _transcript_service_pb2.CancelAttemptResponse]  # type: ignore[assignment]
+    """Cancels an attempt: exactly the displayed partial output is stored as interrupted."""
+    GetHistoryOutline: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.GetHistoryOutlineRequest, _transcript_service_pb2.GetHistoryOutlineResponse]  # type: ignore[assignment]
+    """The durable turn directory (history-outline-v1)."""
 
 class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
     """Transcript owns sessions, messages, attachments, execution claims and the session
@@ -267,5 +295,61 @@ class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_transcript_service_pb2.WatchSessionEventsResponse], _abc.AsyncIterator[_transcript_service_pb2.WatchSessionEventsResponse]]:
         """Streams events after a cursor: the backlog first, then new events as they commit."""
+
+    @_abc_1.abstractmethod
+    def Follow(
+        self,
+        request: _transcript_service_pb2.FollowRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_transcript_service_pb2.FollowResponse], _abc.AsyncIterator[_transcript_service_pb2.FollowResponse]]:
+        """Follows a session live: handshake, a snapshot (or a resume), then suffix frames."""
+
+    @_abc_1.abstractmethod
+    def PublishBatch(
+        self,
+        request: _transcript_service_pb2.PublishBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.PublishBatchResponse, _abc.Awaitable[_transcript_service_pb2.PublishBatchResponse]]:
+        """Publishes one business batch (messages, runtime state, prompts, runtime events)."""
+
+    @_abc_1.abstractmethod
+    def OpenAttempt(
+        self,
+        request: _transcript_service_pb2.OpenAttemptRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.OpenAttemptResponse, _abc.Awaitable[_transcript_service_pb2.OpenAttemptResponse]]:
+        """Opens a sampling attempt of an assistant message."""
+
+    @_abc_1.abstractmethod
+    def AppendChunks(
+        self,
+        request: _transcript_service_pb2.AppendChunksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.AppendChunksResponse, _abc.Awaitable[_transcript_service_pb2.AppendChunksResponse]]:
+        """Streams chunks of an open attempt, with consecutive chunk indexes."""
+
+    @_abc_1.abstractmethod
+    def CommitAttempt(
+        self,
+        request: _transcript_service_pb2.CommitAttemptRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.CommitAttemptResponse, _abc.Awaitable[_transcript_service_pb2.CommitAttemptResponse]]:
+        """Commits an attempt's complete message; its settlement follows once it is durable."""
+
+    @_abc_1.abstractmethod
+    def CancelAttempt(
+        self,
+        request: _transcript_service_pb2.CancelAttemptRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.CancelAttemptResponse, _abc.Awaitable[_transcript_service_pb2.CancelAttemptResponse]]:
+        """Cancels an attempt: exactly the displayed partial output is stored as interrupted."""
+
+    @_abc_1.abstractmethod
+    def GetHistoryOutline(
+        self,
+        request: _transcript_service_pb2.GetHistoryOutlineRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.GetHistoryOutlineResponse, _abc.Awaitable[_transcript_service_pb2.GetHistoryOutlineResponse]]:
+        """The durable turn directory (history-outline-v1)."""
 
 def add_TranscriptServiceServicer_to_server(servicer: TranscriptServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

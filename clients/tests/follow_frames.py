@@ -1,0 +1,164 @@
+"""Builders of Follow frames and messages for the client tests (importable as `follow_frames`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from continuum.transcript.v1 import follow_pb2 as fpb
+from continuum.transcript.v1 import resources_pb2 as pb
+from continuum.transcript.v1 import transcript_service_pb2 as api
+from continuum_follow.store import Outcome, RecordStore
+
+GEN = 3
+Frame = api.FollowResponse
+
+
+def message(
+    message_id: int,
+    text: str,
+    role: pb.MessageRole.ValueType = pb.MESSAGE_ROLE_USER,
+    *,
+    tool_calls: Sequence[str] = (),
+    tool_call_id: str = "",
+    status: pb.MessageStatus.ValueType = pb.MESSAGE_STATUS_COMPLETE,
+) -> pb.Message:
+    """A committed message; `tool_calls` names the calls an ASSISTANT message issues."""
+    return pb.Message(
+        message_id=message_id,
+        session_id="s",
+        role=role,
+        content=[pb.ContentPart(text=text)] if text else [],
+        tool_calls=[pb.ToolCall(tool_call_id=c, name="shell", arguments='{"cmd": "ls"}') for c in tool_calls],
+        tool_call_id=tool_call_id,
+        status=status,
+    )
+
+
+def ref(key: str, attempt: int = 1) -> fpb.AttemptRef:
+    """An attempt identity."""
+    return fpb.AttemptRef(message_key=key, attempt=attempt)
+
+
+def prefix(key: str, attempt: int, text: str, next_chunk_index: int) -> fpb.ActivePrefix:
+    """An active prefix as snapshots carry it."""
+    return fpb.ActivePrefix(attempt=ref(key, attempt), next_chunk_index=next_chunk_index, text=text)
+
+
+def handshake(mode: fpb.FollowMode.ValueType, generation: int = GEN, durable_seq: int = 0) -> Frame:
+    """The first frame of a stream."""
+    return Frame(
+        generation=generation,
+        handshake=fpb.HandshakeFrame(protocol="transcript-v2", mode=mode, durable_seq=durable_seq),
+    )
+
+
+def baseline(
+    seq: int,
+    messages: Iterable[pb.Message] = (),
+    *,
+    prefixes: Iterable[fpb.ActivePrefix] = (),
+    state: fpb.RunState.ValueType = fpb.RUN_STATE_IDLE,
+    prompts: Iterable[str] = (),
+    generation: int = GEN,
+    durable_seq: int | None = None,
+) -> list[Frame]:
+    """A whole BASELINE stream opening: handshake, snapshot parts, end."""
+    durable = seq if durable_seq is None else durable_seq
+    frames = [
+        handshake(fpb.FOLLOW_MODE_BASELINE, generation, durable),
+        Frame(generation=generation, snapshot_begin=fpb.SnapshotBeginFrame(seq=seq, durable_seq=durable)),
+        Frame(generation=generation, snapshot_records=fpb.SnapshotRecordsFrame(messages=list(messages))),
+        Frame(
+            generation=generation,
+            snapshot_runtime=fpb.SnapshotRuntimeFrame(
+                runtime_state=fpb.RuntimeState(state=state),
+                prompts=[fpb.PendingPrompt(prompt_id=p, kind=fpb.PROMPT_KIND_APPROVAL) for p in prompts],
+            ),
+        ),
+    ]
+    frames += [Frame(generation=generation, snapshot_prefix=p) for p in prefixes]
+    frames.append(Frame(generation=generation, snapshot_end=fpb.SnapshotEndFrame(seq=seq)))
+    return frames
+
+
+def resume(prefixes: Iterable[fpb.ActivePrefix] = (), generation: int = GEN) -> list[Frame]:
+    """A RESUME stream opening: handshake and the active prefixes."""
+    return [handshake(fpb.FOLLOW_MODE_RESUME, generation)] + [
+        Frame(generation=generation, snapshot_prefix=p) for p in prefixes
+    ]
+
+
+def batch(
+    base_seq: int,
+    seq: int,
+    messages: Iterable[pb.Message] = (),
+    *,
+    settles: fpb.AttemptRef | None = None,
+    state: fpb.RunState.ValueType | None = None,
+    upsert: Iterable[str] = (),
+    resolve: Iterable[str] = (),
+    events: Iterable[str] = (),
+    generation: int = GEN,
+) -> Frame:
+    """A business batch."""
+    frame = fpb.BatchFrame(
+        base_seq=base_seq,
+        seq=seq,
+        messages=list(messages),
+        prompts_upserted=[fpb.PendingPrompt(prompt_id=p, kind=fpb.PROMPT_KIND_QUESTION) for p in upsert],
+        prompts_resolved=list(resolve),
+        events=[fpb.RuntimeEvent(kind=kind) for kind in events],
+    )
+    if settles is not None:
+        frame.settles.CopyFrom(settles)
+    if state is not None:
+        frame.runtime_state.state = state
+    return Frame(generation=generation, batch=frame)
+
+
+def watermark(base_seq: int, seq: int, generation: int = GEN) -> Frame:
+    """An invisible batch."""
+    return Frame(generation=generation, watermark=fpb.WatermarkFrame(base_seq=base_seq, seq=seq))
+
+
+def opened(key: str, attempt: int = 1, generation: int = GEN) -> Frame:
+    """An attempt (or a retry) opened."""
+    return Frame(generation=generation, attempt_opened=ref(key, attempt))
+
+
+def chunk(key: str, attempt: int, index: int, text: str, generation: int = GEN) -> Frame:
+    """One streamed chunk."""
+    return Frame(generation=generation, chunk=api.ChunkFrame(attempt=ref(key, attempt), chunk_index=index, text=text))
+
+
+def settlement(
+    key: str,
+    attempt: int,
+    seq: int,
+    message_id: int,
+    outcome: fpb.SettlementOutcome.ValueType = fpb.SETTLEMENT_OUTCOME_COMMITTED,
+    generation: int = GEN,
+) -> Frame:
+    """An attempt's settlement."""
+    settled = fpb.SettlementFrame(attempt=ref(key, attempt), seq=seq, message_id=message_id, outcome=outcome)
+    return Frame(generation=generation, settlement=settled)
+
+
+def heartbeat(commit_seq: int, durable_seq: int, generation: int = GEN) -> Frame:
+    """A liveness frame."""
+    return Frame(generation=generation, heartbeat=fpb.HeartbeatFrame(commit_seq=commit_seq, durable_seq=durable_seq))
+
+
+def resync(reason: fpb.ResyncReason.ValueType, resumable: bool, generation: int = GEN) -> Frame:
+    """The last frame of a stream."""
+    return Frame(generation=generation, resync=fpb.ResyncFrame(reason=reason, resumable=resumable))
+
+
+def apply_all(store: RecordStore, frames: Iterable[Frame]) -> list[Outcome]:
+    """Apply frames in order; their outcomes."""
+    return [store.apply(frame) for frame in frames]
+
+
+def texts(store: RecordStore) -> list[str]:
+    """The committed messages' texts, in order."""
+    return ["".join(part.text for part in m.content) for m in store.ordered_messages()]

@@ -1,0 +1,225 @@
+"""FollowClient against the real transcript server: baseline, suffix, attempts, rewrite, resume,
+overflow, restart and old peers."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+from follow_testing import (
+    FAST,
+    Live,
+    assistant,
+    eventually,
+    following,
+    op_event,
+    op_message,
+    op_prompt,
+    op_resolve,
+    op_state,
+    running,
+    same_as_server,
+    settings,
+    sqlite_url,
+    text,
+    texts,
+    tool,
+    user,
+)
+
+from continuum.transcript.v1 import follow_pb2 as fpb
+from continuum.transcript.v1 import resources_pb2 as pb
+from continuum.transcript.v1 import transcript_service_pb2 as api
+from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
+from continuum_follow import Backoff, FollowClient, FollowError, Prefix, Status, Update, UpgradeRequiredError
+from continuum_transcript.server import start
+
+
+async def test_a_session_is_followed_whole_through_its_life(tmp_path: Path, database_url: str) -> None:
+    async with running(tmp_path, database_url) as live:
+        session = await live.session()
+        first, _ = await live.append(session, user("hello"), assistant("hi"))
+        client = live.follower(session)
+        async with following(client):
+            await eventually(lambda: client.store.live and texts(client.store) == ["hello", "hi"], what="baseline")
+
+            # Streaming, then the committed message with a tool call, then its result.
+            await live.open(session, "m1")
+            await live.chunks(session, "m1", 1, 0, "Let me ", "look")
+            await eventually(lambda: client.store.prefixes.get("m1") == Prefix("m1", 1, 2, "Let me look"))
+            committed = await live.commit(session, "m1", 1, assistant("Let me look.", "call-1"))
+            await live.append(session, tool("call-1", "file.txt"))
+            await eventually(lambda: "call-1" in client.store.tools and client.store.tools["call-1"].result_message_id)
+            assert "m1" not in client.store.prefixes
+            await eventually(lambda: committed in client.store.settlements, what="settlement")
+            assert client.store.settlements[committed] == fpb.SETTLEMENT_OUTCOME_COMMITTED
+            assert client.store.tools["call-1"].call_message_id == committed
+
+            # Runtime state, prompts and events, then a terminal batch.
+            await live.publish(session, op_state(fpb.RUN_STATE_WAITING, "run-1"), op_prompt("approve-1"), op_event("c"))
+            await eventually(lambda: "approve-1" in client.store.prompts)
+            assert client.store.runtime_state.state == fpb.RUN_STATE_WAITING
+            assert [event.kind for event in client.store.events] == ["c"]
+            seq = await live.publish(session, op_resolve("approve-1"), op_state(fpb.RUN_STATE_IDLE), terminal=True)
+            await eventually(lambda: client.store.cursor is not None and client.store.cursor.seq == seq)
+            assert not client.store.prompts
+            assert client.store.runtime_state.state == fpb.RUN_STATE_IDLE
+
+            # A cancelled attempt keeps exactly what was shown, as an interrupted message.
+            await live.open(session, "m2")
+            await live.chunks(session, "m2", 1, 0, "par", "tial")
+            interrupted = await live.cancel(session, "m2", 1)
+            await eventually(lambda: interrupted in client.store.messages and "m2" not in client.store.prefixes)
+            assert text(client.store.messages[interrupted]) == "partial"
+            assert client.store.messages[interrupted].status == pb.MESSAGE_STATUS_INTERRUPTED
+
+            # A retry replaces the attempt's text.
+            await live.open(session, "m3")
+            await live.chunks(session, "m3", 1, 0, "wrong")
+            await live.open(session, "m3", 2)
+            await live.chunks(session, "m3", 2, 0, "right")
+            await eventually(lambda: client.store.prefixes.get("m3") == Prefix("m3", 2, 1, "right"), what="retry")
+
+            server = await live.server_messages(session)
+            assert same_as_server(client.store, server)
+            assert len(client.store.messages) == len(server)
+            assert set(client.store.prefixes) == {"m3"}
+            assert (client.followed_times, sum(client.resyncs.values()), client.disconnects) == (1, 0, 0)
+
+            # An edit rewrites the history: resync(REWRITE), then a baseline of the new generation.
+            generation = client.store.cursor.generation if client.store.cursor else 0
+            edit = api.EditUserMessageRequest(
+                session_id=session, message_id=first, content=[pb.ContentPart(text="hey")]
+            )
+            await live.stub.EditUserMessage(edit, metadata=live.metadata)
+            await eventually(lambda: client.resyncs["rewrite"] == 1 and client.store.live, what="re-follow")
+            assert client.store.cursor is not None and client.store.cursor.generation > generation
+            assert texts(client.store) == ["hey"]
+            assert same_as_server(client.store, await live.server_messages(session))
+            # The rewrite ended the open attempt on the server; the fresh baseline has no prefixes.
+            assert client.store.prefixes == {}
+            assert client.modes == {"baseline": 2}
+
+
+async def test_a_disconnect_resumes_with_the_suffix_only(tmp_path: Path) -> None:
+    async with running(tmp_path) as live:
+        session = await live.session()
+        await live.append(session, user("one"))
+        # Slow enough that what is published right after the disconnect is missed.
+        client = live.follower(session, backoff=Backoff(initial_seconds=0.5, jitter=0.0))
+        async with following(client):
+            await eventually(lambda: client.store.live and texts(client.store) == ["one"])
+            await live.open(session, "m1")
+            await live.chunks(session, "m1", 1, 0, "a")
+            await eventually(lambda: "m1" in client.store.prefixes)
+
+            client.disconnect()
+            await eventually(lambda: client.disconnects == 1, what="disconnect")
+            await live.append(session, user("two"))
+            await live.chunks(session, "m1", 1, 1, "b", "c")
+            await eventually(lambda: client.store.live and texts(client.store) == ["one", "two"], what="resume")
+
+            assert client.store.prefixes["m1"] == Prefix("m1", 1, 3, "abc")
+            assert client.modes == {"baseline": 1, "resume": 1}
+            assert client.followed_times == 2
+            assert not client.resyncs
+            await live.chunks(session, "m1", 1, 3, "d")
+            await eventually(lambda: client.store.prefixes["m1"].text == "abcd")
+            assert same_as_server(client.store, await live.server_messages(session))
+
+
+async def test_a_stalled_follower_overflows_and_recovers_with_a_fresh_baseline(tmp_path: Path) -> None:
+    # Without BDP probing the client's receive window stays small, so a stalled reader soon
+    # stalls the server's writer and its bounded queue overflows.
+    options = [("grpc.http2.bdp_probe", 0), ("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+    async with running(tmp_path, channel_options=options, follow_queue_bound=16, follow_replay_frames=16) as live:
+        session = await live.session()
+        await live.append(session, user("start"))
+        client = live.follower(session)
+        stalled = asyncio.Event()
+        release = asyncio.Event()
+        seen: list[Update] = []
+
+        async def consume() -> None:
+            async for update in client.updates():
+                seen.append(update)
+                if update.kind == "snapshot_end" and not stalled.is_set():
+                    stalled.set()
+                    await release.wait()
+
+        task = asyncio.create_task(consume())
+        try:
+            await asyncio.wait_for(stalled.wait(), 10)
+            big = "x" * 16 * 1024
+            for index in range(120):
+                await live.publish(session, op_message(user(f"{index} {big}")))
+            release.set()
+            await eventually(lambda: client.resyncs["overflow"] == 1 and client.store.live, what="overflow resync")
+            await eventually(lambda: text(client.store.ordered_messages()[-1]).startswith("119 "))
+        finally:
+            client.stop()
+            await asyncio.wait_for(task, 10)
+
+        resync = [u for u in seen if u.outcome.status is Status.RESYNC]
+        assert [u.outcome.reason for u in resync] == ["overflow"]
+        # The cursor fell out of the replay window: the re-follow got a fresh baseline.
+        assert client.modes == {"baseline": 2}
+        assert same_as_server(client.store, await live.server_messages(session))
+
+
+async def test_a_restarted_server_is_followed_again_not_taken_as_the_end(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path)
+    service = await start(settings(tmp_path, url))
+    port = service.port
+    # One channel across both servers (the client's stub outlives the first one), reconnecting quickly.
+    options = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 300)]
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options)
+    live = Live(service, api_grpc.TranscriptServiceStub(channel))
+    try:
+        session = await live.session()
+        await live.append(session, user("before"))
+        client = live.follower(session)
+        async with following(client):
+            await eventually(lambda: client.store.live and texts(client.store) == ["before"])
+            generation = client.store.cursor.generation if client.store.cursor else 0
+            await service.stop(grace=0)
+            # The server ends the stream with resync(SHUTDOWN), unless stopping cut the stream first.
+            await eventually(lambda: client.resyncs["shutdown"] + client.disconnects >= 1, what="end of stream")
+            # Down: calls fail and the client keeps trying, backing off.
+            await eventually(lambda: client.followed_times >= 4, what="retries while down")
+            service = live.service = await start(settings(tmp_path, url, port=port))
+            # A new publisher binds with a new generation: the client is back on a fresh baseline.
+            await eventually(
+                lambda: client.store.live and client.store.cursor and client.store.cursor.generation > generation,
+                what="following again",
+            )
+            await live.append(session, user("after"))
+            await eventually(lambda: texts(client.store) == ["before", "after"], what="news after the restart")
+            assert client.modes == {"baseline": 2}
+    finally:
+        await channel.close()
+        await service.stop(grace=0)
+
+
+async def test_an_old_client_gets_a_clear_upgrade_error_and_no_retry_loop(tmp_path: Path) -> None:
+    async with running(tmp_path) as live:
+        session = await live.session()
+        client = FollowClient(live.stub, session, live.metadata, capabilities=["transcript-v1"], backoff=FAST)
+
+        with pytest.raises(UpgradeRequiredError, match="requires transcript-v2 but this client offers transcript-v1"):
+            await asyncio.wait_for(client.run(), 10)
+
+        assert client.followed_times == 1
+
+
+async def test_following_a_missing_session_fails_without_retrying(tmp_path: Path) -> None:
+    async with running(tmp_path) as live:
+        client = live.follower("no-such-session")
+
+        with pytest.raises(FollowError) as caught:
+            await asyncio.wait_for(client.run(), 10)
+
+        assert caught.value.details is not None and caught.value.details.reason == "SESSION_NOT_FOUND"
+        assert client.followed_times == 1

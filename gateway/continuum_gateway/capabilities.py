@@ -1,0 +1,29 @@
+"""The protocol capabilities the gateway speaks, and the route advertising them.
+
+GET /v1/capabilities   200 {"capabilities": ["transcript-v2", "history-outline-v1"]}
+
+``transcript-v2``       the Follow WebSocket (`continuum_gateway.follow`); a browser must name it in
+                        its hello, and one that does not is refused with UPGRADE_REQUIRED.
+``history-outline-v1``  GET /session-history/outline (`continuum_gateway.outline`); answered with
+                        ``"status": "unsupported"`` unless the browser advertises it.
+
+Like every route outside the probes, it needs a bearer token.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+TRANSCRIPT_V2 = "transcript-v2"
+HISTORY_OUTLINE_V1 = "history-outline-v1"
+ADVERTISED = (TRANSCRIPT_V2, HISTORY_OUTLINE_V1)
+
+
+async def list_capabilities(request: Request) -> Response:
+    """Every capability the gateway (and the services behind it) support."""
+    return JSONResponse({"capabilities": list(ADVERTISED)})
+
+
+ROUTES = [Route("/v1/capabilities", list_capabilities, methods=["GET"], name="capabilities")]

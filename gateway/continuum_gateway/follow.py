@@ -1,0 +1,390 @@
+"""Follow over WebSocket: a browser's live view of a session, relayed frame for frame from transcript.
+
+    WS /v1/sessions/{session_id}/follow
+
+Opening (a browser, which cannot set headers on a WebSocket)::
+
+    const ws = new WebSocket(url, ["continuum.follow.v1", "continuum.bearer." + base64url(token)]);
+
+The bearer subprotocol is the primary credential for browsers; other clients may send
+``Authorization: Bearer <token>`` instead (see `continuum_gateway.auth`); tokens in the query string
+are not accepted. A missing or unknown token gets an UNAUTHENTICATED error message (the 401 body)
+and close code 4401. The gateway selects ``continuum.follow.v1`` when it is offered and never echoes
+the credential.
+
+Protocol, all messages JSON text:
+
+1. The browser sends its hello first (within `follow_hello_timeout_seconds`)::
+
+       {"type": "hello", "capabilities": ["transcript-v2", ...], "resume": {"generation": "3", "seq": "41"}}
+
+   ``resume`` (optional) is the last applied cursor. A hello without ``transcript-v2`` is refused
+   with an UPGRADE_REQUIRED error and close code 4426; there is no legacy fallback.
+2. The gateway calls TranscriptService.Follow as the authenticated user and relays every frame as one
+   message, in order::
+
+       {"type": "<frame>", "generation": "3", "<frame>": {...}}
+
+   where ``<frame>`` is the JSON (camelCase) name of the FollowResponse oneof field that is set
+   (``handshake``, ``snapshotBegin``, ``snapshotRecords``, ..., ``batch``, ``chunk``, ``resync``) and
+   its value that frame in proto JSON, like the REST routes (camelCase, int64 as strings, zero
+   values present), so ``message[message.type]`` is the payload. A frame of a kind this gateway does
+   not know is relayed as ``{"type": "unknown", "generation": ...}``; browsers ignore unknown types.
+3. A ``resync`` frame from transcript is relayed and the socket closed normally (1000): the browser
+   re-follows, with ``resume`` when the frame says ``resumable``.
+4. A failure (the session is missing or another user's, a bad hello, transcript down) is one
+   ``{"type": "error", "error": {...}}`` message carrying the same AIP-193 body as REST, then a close
+   with `errors.close_code_for`: 4000 + the HTTP status (4400, 4403, 4404, 4426, 4503, ...).
+5. A browser that cannot keep up (its socket does not drain and `follow_buffer_frames` frames, or
+   `follow_buffer_chars` characters of them, pile up) gets, best effort, in place of the frames it
+   could not take::
+
+       {"type": "resync", "generation": "3", "resync": {"reason": "RESYNC_REASON_OVERFLOW", "resumable": true}}
+
+   then close code 4429; the upstream stream is cancelled at once.
+
+Messages the browser sends after its hello are ignored. uvicorn pings every socket (see
+`GatewaySettings.ws_ping_interval_seconds`). However the socket ends, the upstream Follow call is
+cancelled with it. Logs carry the user, session, outcome, close code and frame count, never frame
+contents or the token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from starlette.routing import WebSocketRoute, compile_path
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from continuum.transcript.v1 import follow_pb2, transcript_service_pb2
+from continuum_gateway.auth import acting_user
+from continuum_gateway.capabilities import TRANSCRIPT_V2
+from continuum_gateway.errors import (
+    UPGRADE_REQUIRED,
+    WEBSOCKET_CLOSE_CODE,
+    GatewayError,
+    UpstreamError,
+    body_close_code,
+    internal_error_body,
+    upstream_error_body,
+    websocket_error_message,
+)
+from continuum_gateway.protojson import to_json
+from continuum_gateway.settings import GatewaySettings
+from continuum_gateway.upstream import TRANSCRIPT, Upstreams, upstreams_of
+
+logger = logging.getLogger("continuum.gateway.follow")
+
+FOLLOW_PATH = "/v1/sessions/{session_id}/follow"
+# Where `AuthMiddleware` accepts the bearer subprotocol.
+FOLLOW_PATH_PATTERN = compile_path(FOLLOW_PATH)[0]
+# The subprotocol a browser offers beside its credential, and the one the gateway selects.
+FOLLOW_SUBPROTOCOL = "continuum.follow.v1"
+NORMAL_CLOSURE = WEBSOCKET_CLOSE_CODE[grpc.StatusCode.OK]
+# A browser too slow for its stream: RESOURCE_EXHAUSTED's close code (4429).
+OVERFLOW_CLOSE_CODE = WEBSOCKET_CLOSE_CODE[grpc.StatusCode.RESOURCE_EXHAUSTED]
+# Bounds of the hello: a capability list is a handful of short names.
+MAX_CAPABILITIES = 32
+MAX_CAPABILITY_LENGTH = 64
+_HELLO_FIELDS = frozenset({"type", "capabilities", "resume"})
+
+
+@dataclass(frozen=True)
+class FollowOptions:
+    """The settings one Follow socket runs with."""
+
+    buffer_frames: int
+    buffer_chars: int
+    hello_timeout: float
+    close_timeout: float
+
+    @classmethod
+    def from_settings(cls, settings: GatewaySettings) -> FollowOptions:
+        """The Follow part of the gateway's settings."""
+        return cls(
+            buffer_frames=settings.follow_buffer_frames,
+            buffer_chars=settings.follow_buffer_chars,
+            hello_timeout=settings.follow_hello_timeout_seconds,
+            close_timeout=settings.follow_close_timeout_seconds,
+        )
+
+
+def _dumps(message: dict[str, Any]) -> str:
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+
+
+def frame_message(frame: transcript_service_pb2.FollowResponse) -> str:
+    """One upstream frame as the browser's JSON text message."""
+    kind = frame.WhichOneof("frame")
+    name = frame.DESCRIPTOR.fields_by_name[kind].json_name if kind is not None else "unknown"
+    return _dumps({"type": name, **to_json(frame)})
+
+
+def overflow_message(generation: int) -> str:
+    """The gateway's own resync, sent in place of the frames a slow browser could not take."""
+    frame = transcript_service_pb2.FollowResponse(
+        generation=generation,
+        resync=follow_pb2.ResyncFrame(reason=follow_pb2.RESYNC_REASON_OVERFLOW, resumable=True),
+    )
+    return frame_message(frame)
+
+
+def parse_hello(text: str, session_id: str) -> transcript_service_pb2.FollowRequest:
+    """The Follow request a hello asks for; malformed or legacy hellos raise `GatewayError`."""
+    try:
+        hello = json.loads(text)
+    except (ValueError, RecursionError):
+        raise GatewayError.invalid_argument("hello", "not valid JSON", reason="INVALID_HELLO") from None
+    if not isinstance(hello, dict) or hello.get("type") != "hello":
+        raise GatewayError.invalid_argument(
+            "type", 'the first message must be {"type": "hello", ...}', reason="INVALID_HELLO"
+        )
+    unknown = sorted(str(key) for key in set(hello) - _HELLO_FIELDS)
+    if unknown:
+        raise GatewayError.invalid_argument(unknown[0], "unknown hello field", reason="INVALID_HELLO")
+    capabilities = hello.get("capabilities", [])
+    if (
+        not isinstance(capabilities, list)
+        or len(capabilities) > MAX_CAPABILITIES
+        or not all(isinstance(c, str) and 0 < len(c) <= MAX_CAPABILITY_LENGTH for c in capabilities)
+    ):
+        raise GatewayError.invalid_argument(
+            "capabilities",
+            f"must be a list of at most {MAX_CAPABILITIES} names of 1-{MAX_CAPABILITY_LENGTH} characters",
+            reason="INVALID_HELLO",
+        )
+    if TRANSCRIPT_V2 not in capabilities:
+        raise GatewayError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"this gateway follows sessions with {TRANSCRIPT_V2} only; upgrade the client",
+            reason=UPGRADE_REQUIRED,
+            metadata={"required": TRANSCRIPT_V2},
+        )
+    request = transcript_service_pb2.FollowRequest(
+        session_id=session_id, capabilities=list(dict.fromkeys(capabilities))
+    )
+    resume = hello.get("resume")
+    if resume is not None:
+        if not isinstance(resume, dict):
+            raise GatewayError.invalid_argument("resume", "must be {generation, seq}", reason="INVALID_HELLO")
+        try:
+            json_format.ParseDict(resume, request.resume)
+        except json_format.ParseError as error:
+            raise GatewayError.invalid_argument("resume", str(error), reason="INVALID_HELLO") from None
+    return request
+
+
+@dataclass(frozen=True)
+class _Upstream:
+    """The Follow call to make: on which upstreams, asking what, for whom."""
+
+    upstreams: Upstreams
+    request: transcript_service_pb2.FollowRequest
+    user: str
+
+
+@dataclass(frozen=True)
+class _Close:
+    """The last item of an outbox: close the socket with this code."""
+
+    code: int
+
+
+class _Relay:
+    """One browser's Follow: upstream frames into a bounded outbox, the outbox onto the socket.
+
+    Three tasks: the reader owns the gRPC stream and drains it, the sender writes to the socket (and
+    blocks while the browser does not read), the watcher notices the browser leaving. Whichever ends
+    first decides how the rest end. The upstream call lives exactly as long as the reader: it is
+    cancelled the moment the reader stops (stream over, browser gone, browser too slow).
+    """
+
+    def __init__(self, websocket: WebSocket, upstream: _Upstream, options: FollowOptions) -> None:
+        self.websocket = websocket
+        self.upstream = upstream
+        self.options = options
+        self.outbox: asyncio.Queue[str | _Close] = asyncio.Queue()
+        # Characters of the messages in the outbox (frames can be megabytes each).
+        self.queued_chars = 0
+        self.generation = 0
+        self.frames_sent = 0
+        self.outcome = "browser_closed"
+        self.close_code: int | None = None
+
+    async def run(self) -> None:
+        """Relay until the stream ends, the browser leaves or falls behind; cancel what is left."""
+        reader = asyncio.create_task(self._read_upstream(), name="follow-upstream")
+        sender = asyncio.create_task(self._send_to_browser(), name="follow-send")
+        watcher = asyncio.create_task(self._watch_browser(), name="follow-watch")
+        tasks = {reader, sender, watcher}
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            if done == {reader}:
+                # The upstream part is over (end, error or overflow): give the browser a bounded
+                # time for the last frames and the close, unless it leaves first.
+                await asyncio.wait(
+                    {sender, watcher}, timeout=self.options.close_timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not sender.done():
+                    self.outcome += "_undelivered"
+        finally:
+            for task in tasks:
+                task.cancel()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+        for result in results:
+            if isinstance(result, Exception) and not isinstance(result, WebSocketDisconnect):
+                logger.error("follow relay failed", exc_info=result)
+
+    async def _read_upstream(self) -> None:
+        try:
+            await self._relay_upstream()
+        except Exception:
+            # The formatter records the exception type only: messages could quote content.
+            logger.exception("follow relay failed")
+            self.outcome = "internal_error"
+            self._finish(internal_error_body())
+
+    async def _relay_upstream(self) -> None:
+        upstream = self.upstream
+        async with upstream.upstreams.follow_transcript(upstream.request, user=upstream.user) as call:
+            try:
+                async for frame in call:
+                    self.generation = frame.generation
+                    message = frame_message(frame)
+                    if self._full(len(message)):
+                        self._overflow()
+                        return
+                    self._put(message)
+                    if frame.WhichOneof("frame") == "resync":
+                        self.outcome = "resync"
+            except grpc.aio.AioRpcError as error:
+                self.outcome = f"upstream_{error.code().name.lower()}"
+                self._finish(upstream_error_body(UpstreamError(TRANSCRIPT, error)))
+                return
+        if self.outcome != "resync":
+            self.outcome = "upstream_ended"
+        self.outbox.put_nowait(_Close(NORMAL_CLOSURE))
+
+    def _full(self, chars: int) -> bool:
+        """Whether one more message would exceed the buffer (a lone message always fits)."""
+        if self.outbox.empty():
+            return False
+        return (
+            self.outbox.qsize() >= self.options.buffer_frames or self.queued_chars + chars > self.options.buffer_chars
+        )
+
+    def _put(self, message: str) -> None:
+        self.queued_chars += len(message)
+        self.outbox.put_nowait(message)
+
+    def _finish(self, body: dict[str, Any]) -> None:
+        """End the stream with an error message and its close code, after what is queued."""
+        self.outbox.put_nowait(websocket_error_message(body))
+        self.outbox.put_nowait(_Close(body_close_code(body)))
+
+    def _overflow(self) -> None:
+        # Drop what the browser could not take: the resync tells it to re-follow from what it applied.
+        while not self.outbox.empty():
+            self.outbox.get_nowait()
+        self.queued_chars = 0
+        self.outcome = "overflow"
+        self.outbox.put_nowait(overflow_message(self.generation))
+        self.outbox.put_nowait(_Close(OVERFLOW_CLOSE_CODE))
+
+    async def _send_to_browser(self) -> None:
+        while True:
+            item = await self.outbox.get()
+            if isinstance(item, _Close):
+                await self.websocket.close(item.code)
+                self.close_code = item.code
+                return
+            self.queued_chars = max(0, self.queued_chars - len(item))
+            await self.websocket.send_text(item)
+            self.frames_sent += 1
+
+    async def _watch_browser(self) -> None:
+        while True:
+            message = await self.websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            # Anything the browser sends after its hello is ignored (and never logged).
+
+
+async def _receive_text(websocket: WebSocket) -> str:
+    message = await websocket.receive()
+    if message["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(int(message.get("code", 1000)))
+    text = message.get("text")
+    if text is None:
+        raise GatewayError.invalid_argument("hello", "must be a text message", reason="INVALID_HELLO")
+    return str(text)
+
+
+async def _refuse(websocket: WebSocket, body: dict[str, Any], grace: float) -> int:
+    """Send an error message and close with its code, giving up on a browser that does not read."""
+    code = body_close_code(body)
+    # RuntimeError: the socket was already closed (only after an unexpected failure mid-relay).
+    with contextlib.suppress(WebSocketDisconnect, TimeoutError, RuntimeError):
+        async with asyncio.timeout(grace):
+            await websocket.send_text(websocket_error_message(body))
+            await websocket.close(code)
+    return code
+
+
+async def follow(websocket: WebSocket, options: FollowOptions) -> None:
+    """Serve one Follow socket (authenticated by `AuthMiddleware`) from hello to close."""
+    user = acting_user(websocket)
+    session_id = str(websocket.path_params["session_id"])
+    fields: dict[str, Any] = {"user": user, "session_id": session_id, "route": FOLLOW_PATH}
+    offered = websocket.scope.get("subprotocols", [])
+    started = time.perf_counter()
+    outcome, code, frames = "browser_closed", None, 0
+    try:
+        await websocket.accept(subprotocol=FOLLOW_SUBPROTOCOL if FOLLOW_SUBPROTOCOL in offered else None)
+        try:
+            async with asyncio.timeout(options.hello_timeout):
+                text = await _receive_text(websocket)
+        except TimeoutError:
+            raise GatewayError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"no hello within {options.hello_timeout:g} s",
+                reason="HELLO_TIMEOUT",
+            ) from None
+        request = parse_hello(text, session_id)
+        logger.info("follow opened", extra={**fields, "resume": request.HasField("resume")})
+        relay = _Relay(websocket, _Upstream(upstreams_of(websocket), request, user), options)
+        await relay.run()
+        outcome, code, frames = relay.outcome, relay.close_code, relay.frames_sent
+    except WebSocketDisconnect:
+        pass
+    except GatewayError as error:
+        outcome = f"refused_{error.reason.lower()}"
+        code = await _refuse(websocket, error.body(), options.close_timeout)
+    except Exception:
+        logger.exception("follow failed", extra=fields)
+        outcome = "internal_error"
+        code = await _refuse(websocket, internal_error_body(), options.close_timeout)
+    finally:
+        duration_ms = round((time.perf_counter() - started) * 1000, 1)
+        logger.info(
+            "follow closed",
+            extra={**fields, "outcome": outcome, "close_code": code, "frames": frames, "duration_ms": duration_ms},
+        )
+
+
+def routes(settings: GatewaySettings) -> list[WebSocketRoute]:
+    """The Follow WebSocket route, bound to the settings' Follow options."""
+    options = FollowOptions.from_settings(settings)
+
+    async def endpoint(websocket: WebSocket) -> None:
+        await follow(websocket, options)
+
+    return [WebSocketRoute(FOLLOW_PATH, endpoint, name="follow")]

@@ -1,0 +1,460 @@
+"""The Follow WebSocket against a real transcript service, through a real uvicorn server."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import socket
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gateway_testing import ALICE_TOKEN, BOB_TOKEN
+from gateway_ws_testing import (
+    HELLO,
+    LiveGateway,
+    Transcript,
+    error_reason,
+    follower,
+    live_gateway,
+    receive_frames,
+    receive_json,
+    receive_until_closed,
+)
+from google.protobuf import json_format
+from websockets.asyncio.client import connect
+from websockets.typing import Subprotocol
+
+from continuum.transcript.v1 import follow_pb2, resources_pb2, transcript_service_pb2
+from continuum_gateway.auth import bearer_subprotocol
+from continuum_gateway.follow import FOLLOW_SUBPROTOCOL
+from continuum_runtime.server import GrpcService
+
+FOLLOW_LOGGER = "continuum.gateway.follow"
+
+
+@pytest.fixture(scope="module")
+async def transcript_client(transcript: GrpcService) -> AsyncIterator[Transcript]:
+    """Direct transcript calls (publishing, a reference Follow stream)."""
+    client = Transcript(transcript.port)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture(scope="module")
+async def live(transcript: GrpcService, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LiveGateway]:
+    """A gateway served by uvicorn, pinging every 0.2 s."""
+    async with live_gateway(
+        tmp_path_factory.mktemp("live"), transcript.port, ws_ping_interval_seconds=0.2, ws_ping_timeout_seconds=5.0
+    ) as gateway:
+        yield gateway
+
+
+async def _eventually(condition: Callable[[], bool], seconds: float = 10) -> None:
+    async with asyncio.timeout(seconds):
+        # Polling: what is awaited (a counter, a log record) has no event to wait on.
+        while not condition():  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+
+
+def _as_relayed(frame: transcript_service_pb2.FollowResponse) -> dict[str, Any]:
+    """What the gateway must send for `frame`: the oneof's JSON name as type, then proto JSON."""
+    kind = frame.WhichOneof("frame")
+    assert kind is not None
+    name = frame.DESCRIPTOR.fields_by_name[kind].json_name
+    return {"type": name, **json_format.MessageToDict(frame, always_print_fields_with_no_presence=True)}
+
+
+async def test_baseline_snapshot_arrives_as_json_frames_in_order(
+    live: LiveGateway, transcript_client: Transcript
+) -> None:
+    session_id = await transcript_client.new_session()
+    ids = await transcript_client.append(session_id, "first", "second")
+    async with follower(live, session_id, ALICE_TOKEN) as websocket:
+        assert websocket.subprotocol == FOLLOW_SUBPROTOCOL
+        frames = await receive_frames(websocket, {"snapshotEnd"})
+    assert [f["type"] for f in frames] == [
+        "handshake",
+        "snapshotBegin",
+        "snapshotRecords",
+        "snapshotRuntime",
+        "snapshotEnd",
+    ]
+    generation = frames[0]["generation"]
+    assert isinstance(generation, str)  # int64 in proto JSON
+    assert generation.isdigit()
+    for frame in frames:
+        assert set(frame) == {"type", "generation", frame["type"]}, frame
+        assert frame["generation"] == generation
+    handshake = frames[0]["handshake"]
+    assert (handshake["protocol"], handshake["mode"]) == ("transcript-v2", "FOLLOW_MODE_BASELINE")
+    records = frames[2]["snapshotRecords"]
+    assert [m["messageId"] for m in records["messages"]] == [str(i) for i in ids]
+    assert [m["content"][0]["text"] for m in records["messages"]] == ["first", "second"]
+    assert records["hasOlder"] is False
+    assert records["history"]["snapshotSeq"] == frames[1]["snapshotBegin"]["seq"] == frames[4]["snapshotEnd"]["seq"]
+
+
+async def test_published_frames_are_relayed_one_to_one(
+    live: LiveGateway, transcript_client: Transcript, caplog: pytest.LogCaptureFixture
+) -> None:
+    session_id = await transcript_client.new_session()
+    await transcript_client.append(session_id, "question")
+    direct = transcript_client.follow(session_id)
+    caplog.set_level(logging.DEBUG, "continuum.gateway")
+    try:
+        async with follower(live, session_id, ALICE_TOKEN) as websocket:
+            await receive_frames(websocket, {"snapshotEnd"})
+            while (await direct.read()).WhichOneof("frame") != "snapshot_end":
+                pass
+
+            stub, metadata = transcript_client.stub, transcript_client.metadata("alice")
+            await transcript_client.append(session_id, "follow-up")
+            attempt = follow_pb2.AttemptRef(message_key="answer-1", attempt=1)
+            await stub.OpenAttempt(
+                transcript_service_pb2.OpenAttemptRequest(session_id=session_id, attempt=attempt), metadata=metadata
+            )
+            await stub.AppendChunks(
+                transcript_service_pb2.AppendChunksRequest(
+                    session_id=session_id, attempt=attempt, first_chunk_index=0, chunks=["Hel", "lo"]
+                ),
+                metadata=metadata,
+            )
+            answer = resources_pb2.NewMessage(
+                role=resources_pb2.MESSAGE_ROLE_ASSISTANT, content=[resources_pb2.ContentPart(text="Hello")]
+            )
+            await stub.CommitAttempt(
+                transcript_service_pb2.CommitAttemptRequest(
+                    session_id=session_id, attempt=attempt, message=answer, wait_durable=True
+                ),
+                metadata=metadata,
+            )
+
+            expected: list[dict[str, Any]] = []
+            while not expected or expected[-1]["type"] != "settlement":
+                frame = await asyncio.wait_for(direct.read(), 10)
+                if frame.WhichOneof("frame") != "heartbeat":
+                    expected.append(_as_relayed(frame))
+            relayed = await receive_frames(websocket, {"settlement"})
+    finally:
+        direct.cancel()
+    assert relayed == expected
+    assert [f["type"] for f in relayed] == ["batch", "attemptOpened", "chunk", "chunk", "batch", "settlement"]
+    assert [f["chunk"]["text"] for f in relayed if f["type"] == "chunk"] == ["Hel", "lo"]
+    assert relayed[0]["batch"]["messages"][0]["content"][0]["text"] == "follow-up"
+    # The gateway logged the stream, never its content.
+    await _eventually(lambda: any(r.message == "follow closed" for r in caplog.records))
+    assert not any(text in caplog.text for text in ("question", "follow-up", "Hel", ALICE_TOKEN))
+
+
+async def test_resume_cursor_from_the_hello_reaches_transcript(
+    live: LiveGateway, transcript_client: Transcript
+) -> None:
+    session_id = await transcript_client.new_session()
+    await transcript_client.append(session_id, "one")
+    async with follower(live, session_id, ALICE_TOKEN) as websocket:
+        end = (await receive_frames(websocket, {"snapshotEnd"}))[-1]
+    await transcript_client.append(session_id, "two")
+    hello = {**HELLO, "resume": {"generation": end["generation"], "seq": end["snapshotEnd"]["seq"]}}
+    async with follower(live, session_id, ALICE_TOKEN, hello=hello) as websocket:
+        frames = await receive_frames(websocket, {"batch"})
+    assert [f["type"] for f in frames] == ["handshake", "batch"]
+    assert frames[0]["handshake"]["mode"] == "FOLLOW_MODE_RESUME"
+    assert frames[1]["batch"]["messages"][0]["content"][0]["text"] == "two"
+
+
+async def test_upstream_resync_is_relayed_then_the_socket_closes_normally(
+    live: LiveGateway, transcript_client: Transcript
+) -> None:
+    session_id = await transcript_client.new_session()
+    (message_id,) = await transcript_client.append(session_id, "original")
+    async with follower(live, session_id, ALICE_TOKEN) as websocket:
+        baseline = await receive_frames(websocket, {"snapshotEnd"})
+        edit = transcript_service_pb2.EditUserMessageRequest(
+            session_id=session_id, message_id=message_id, content=[resources_pb2.ContentPart(text="edited")]
+        )
+        await transcript_client.stub.EditUserMessage(edit, metadata=transcript_client.metadata("alice"))
+        rest, code = await receive_until_closed(websocket)
+    rest = [m for m in rest if m["type"] != "heartbeat"]
+    assert [m["type"] for m in rest] == ["resync"]
+    assert rest[0]["resync"] == {"reason": "RESYNC_REASON_REWRITE", "resumable": False}
+    assert code == 1000
+    # The browser re-follows and gets the new generation's baseline.
+    async with follower(live, session_id, ALICE_TOKEN) as websocket:
+        again = await receive_frames(websocket, {"snapshotEnd"})
+    assert int(again[0]["generation"]) > int(baseline[0]["generation"])
+    assert again[2]["snapshotRecords"]["messages"][0]["content"][0]["text"] == "edited"
+
+
+@pytest.mark.parametrize(
+    "hello",
+    [
+        {"type": "hello", "capabilities": ["transcript-v1"]},
+        {"type": "hello"},
+        {"type": "hello", "capabilities": []},
+    ],
+    ids=["older-protocol", "no-capabilities", "empty-capabilities"],
+)
+async def test_a_hello_without_transcript_v2_is_told_to_upgrade(
+    live: LiveGateway, transcript_client: Transcript, hello: dict[str, Any]
+) -> None:
+    session_id = await transcript_client.new_session()
+    before = live.upstreams.open_follows
+    async with follower(live, session_id, ALICE_TOKEN, hello=hello) as websocket:
+        messages, code = await receive_until_closed(websocket)
+    assert len(messages) == 1
+    error = messages[0]["error"]
+    assert (error["code"], error["status"]) == (426, "FAILED_PRECONDITION")
+    assert error_reason(messages[0]) == "UPGRADE_REQUIRED"
+    assert error["details"][0]["metadata"] == {"required": "transcript-v2"}
+    assert code == 4426
+    # No legacy fallback, and no upstream call at all.
+    assert live.upstreams.open_follows == before
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ("not json", "hello"),
+        ('["hello"]', "type"),
+        ('{"type": "subscribe", "capabilities": ["transcript-v2"]}', "type"),
+        ('{"type": "hello", "capabilities": ["transcript-v2"], "token": "x"}', "token"),
+        ('{"type": "hello", "capabilities": "transcript-v2"}', "capabilities"),
+        ('{"type": "hello", "capabilities": ["transcript-v2", 7]}', "capabilities"),
+        ('{"type": "hello", "capabilities": ["transcript-v2"], "resume": {"seq": "x"}}', "resume"),
+        ('{"type": "hello", "capabilities": ["transcript-v2"], "resume": 3}', "resume"),
+        (b'{"type": "hello", "capabilities": ["transcript-v2"]}', "hello"),
+    ],
+    ids=[
+        "not-json",
+        "not-object",
+        "wrong-type",
+        "unknown-field",
+        "not-list",
+        "not-string",
+        "bad-cursor",
+        "bad-resume",
+        "binary",
+    ],
+)
+async def test_a_malformed_hello_is_invalid_argument(
+    live: LiveGateway, transcript_client: Transcript, raw: str | bytes, field: str
+) -> None:
+    session_id = await transcript_client.new_session()
+    async with follower(live, session_id, ALICE_TOKEN, hello=None) as websocket:
+        await websocket.send(raw)
+        messages, code = await receive_until_closed(websocket)
+    (message,) = messages
+    assert (message["error"]["code"], message["error"]["status"]) == (400, "INVALID_ARGUMENT")
+    assert error_reason(message) == "INVALID_HELLO"
+    (violations,) = [d for d in message["error"]["details"] if "fieldViolations" in d]
+    assert violations["fieldViolations"][0]["field"] == field
+    assert code == 4400
+
+
+async def test_a_silent_browser_is_closed_after_the_hello_timeout(
+    transcript: GrpcService, transcript_client: Transcript, tmp_path: Path
+) -> None:
+    session_id = await transcript_client.new_session()
+    async with (
+        live_gateway(tmp_path, transcript.port, follow_hello_timeout_seconds=0.2) as gateway,
+        follower(gateway, session_id, ALICE_TOKEN, hello=None) as websocket,
+    ):
+        messages, code = await receive_until_closed(websocket)
+    assert [error_reason(m) for m in messages] == ["HELLO_TIMEOUT"]
+    assert code == 4504
+
+
+@pytest.mark.parametrize(
+    ("user_token", "status", "reason", "code"),
+    [
+        (BOB_TOKEN, "PERMISSION_DENIED", "SESSION_PERMISSION_DENIED", 4403),
+        (ALICE_TOKEN, "NOT_FOUND", "SESSION_NOT_FOUND", 4404),
+    ],
+    ids=["another-users-session", "missing-session"],
+)
+async def test_upstream_refusals_become_an_error_message_and_close_code(
+    live: LiveGateway, transcript_client: Transcript, user_token: str, status: str, reason: str, code: int
+) -> None:
+    session_id = await transcript_client.new_session("alice")
+    if status == "NOT_FOUND":
+        session_id += "-missing"
+    async with follower(live, session_id, user_token) as websocket:
+        messages, close_code = await receive_until_closed(websocket)
+    (message,) = messages
+    assert message["error"]["status"] == status
+    assert message["error"]["code"] == code - 4000
+    assert message["error"]["details"][0]["domain"] == "transcript.continuum"
+    assert error_reason(message) == reason
+    assert close_code == code
+    await _eventually(lambda: live.upstreams.open_follows == 0)
+
+
+@pytest.mark.parametrize(
+    ("subprotocols", "headers", "query"),
+    [
+        ([FOLLOW_SUBPROTOCOL], {}, ""),
+        ([FOLLOW_SUBPROTOCOL, bearer_subprotocol("not-a-known-token")], {}, ""),
+        ([FOLLOW_SUBPROTOCOL, bearer_subprotocol(ALICE_TOKEN) + "x"], {}, ""),
+        ([FOLLOW_SUBPROTOCOL, "continuum.bearer.!!!"], {}, ""),
+        ([FOLLOW_SUBPROTOCOL, bearer_subprotocol(ALICE_TOKEN), bearer_subprotocol(BOB_TOKEN)], {}, ""),
+        ([FOLLOW_SUBPROTOCOL], {"Authorization": "Bearer not-a-known-token"}, ""),
+        ([FOLLOW_SUBPROTOCOL], {}, f"?access_token={ALICE_TOKEN}"),
+    ],
+    ids=["none", "unknown", "tampered", "malformed", "two-tokens", "unknown-header", "query-parameter"],
+)
+async def test_a_socket_without_a_known_token_is_refused_with_4401(
+    live: LiveGateway,
+    transcript_client: Transcript,
+    subprotocols: list[str],
+    headers: dict[str, str],
+    query: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    session_id = await transcript_client.new_session()
+    with caplog.at_level(logging.DEBUG, logger="continuum"):
+        async with connect(
+            live.url(session_id, query),
+            subprotocols=[Subprotocol(p) for p in subprotocols],
+            additional_headers=headers,
+            open_timeout=10,
+        ) as websocket:
+            # The browser's application subprotocol is still selected, or it would see no error at all.
+            assert websocket.subprotocol == FOLLOW_SUBPROTOCOL
+            messages, code = await receive_until_closed(websocket)
+    (message,) = messages
+    assert (message["error"]["code"], message["error"]["status"]) == (401, "UNAUTHENTICATED")
+    assert error_reason(message) == "UNAUTHENTICATED"
+    assert code == 4401
+    assert live.upstreams.open_follows == 0
+    assert any(r.message == "request unauthenticated" for r in caplog.records)
+    assert ALICE_TOKEN not in caplog.text
+    assert bearer_subprotocol(ALICE_TOKEN) not in caplog.text
+
+
+async def test_non_browser_clients_may_use_the_authorization_header(
+    live: LiveGateway, transcript_client: Transcript
+) -> None:
+    session_id = await transcript_client.new_session()
+    async with connect(
+        live.url(session_id), additional_headers={"Authorization": f"Bearer {ALICE_TOKEN}"}, open_timeout=10
+    ) as websocket:
+        assert websocket.subprotocol is None  # none offered, none selected
+        await websocket.send(json.dumps(HELLO))
+        assert (await receive_json(websocket))["type"] == "handshake"
+
+
+async def test_the_subprotocol_credential_is_for_the_follow_route_only(live: LiveGateway) -> None:
+    async with connect(
+        f"ws://127.0.0.1:{live.port}/v1/sessions",
+        subprotocols=[Subprotocol(bearer_subprotocol(ALICE_TOKEN))],
+        open_timeout=10,
+    ) as websocket:
+        messages, code = await receive_until_closed(websocket)
+    assert [error_reason(m) for m in messages] == ["UNAUTHENTICATED"]
+    assert code == 4401
+
+
+@pytest.mark.parametrize("abrupt", [False, True], ids=["close-frame", "connection-reset"])
+async def test_a_browser_leaving_cancels_the_upstream_stream(
+    live: LiveGateway, transcript_client: Transcript, abrupt: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    session_id = await transcript_client.new_session()
+    await _eventually(lambda: live.upstreams.open_follows == 0)
+    with caplog.at_level(logging.INFO, logger=FOLLOW_LOGGER):
+        async with follower(live, session_id, ALICE_TOKEN) as websocket:
+            await receive_frames(websocket, {"snapshotEnd"})
+            assert live.upstreams.open_follows == 1
+            if abrupt:
+                websocket.transport.abort()
+        await _eventually(lambda: live.upstreams.open_follows == 0)
+        await _eventually(lambda: any(r.message == "follow closed" for r in caplog.records))
+    (closed,) = [r for r in caplog.records if r.message == "follow closed"]
+    assert closed.__dict__["outcome"] == "browser_closed"
+    assert closed.__dict__["session_id"] == session_id
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    # The session's publisher is unharmed: the next follower gets a baseline and live frames.
+    async with follower(live, session_id, ALICE_TOKEN) as websocket:
+        await receive_frames(websocket, {"snapshotEnd"})
+        await transcript_client.append(session_id, "still live")
+        (batch,) = await receive_frames(websocket, {"batch"})
+    assert batch["batch"]["messages"][0]["content"][0]["text"] == "still live"
+
+
+async def test_stopping_the_gateway_closes_followers_and_their_streams(
+    transcript: GrpcService, transcript_client: Transcript, tmp_path: Path
+) -> None:
+    session_id = await transcript_client.new_session()
+    async with live_gateway(tmp_path, transcript.port, shutdown_grace_seconds=5) as gateway:
+        upstreams = gateway.upstreams
+        async with follower(gateway, session_id, ALICE_TOKEN) as websocket:
+            await receive_frames(websocket, {"snapshotEnd"})
+            assert upstreams.open_follows == 1
+            async with asyncio.timeout(10):
+                await gateway.stop()
+            _, code = await receive_until_closed(websocket)
+    assert code == 1012  # service restart
+    assert upstreams.open_follows == 0
+
+
+async def test_the_server_pings_every_socket(
+    live: LiveGateway, transcript_client: Transcript, caplog: pytest.LogCaptureFixture
+) -> None:
+    session_id = await transcript_client.new_session()
+    client_logger = logging.getLogger("gateway.tests.websocket")
+    with caplog.at_level(logging.DEBUG, logger=client_logger.name):
+        async with follower(live, session_id, ALICE_TOKEN, logger=client_logger, ping_interval=None) as websocket:
+            await receive_frames(websocket, {"snapshotEnd"})
+            await _eventually(lambda: sum("< PING" in r.getMessage() for r in caplog.records) >= 2, seconds=5)
+
+
+@pytest.mark.parametrize(
+    "bound",
+    [{"follow_buffer_frames": 8}, {"follow_buffer_chars": 64 * 1024}],
+    ids=["frames", "characters"],
+)
+async def test_a_browser_that_stops_reading_gets_an_overflow_resync_and_4429(
+    transcript: GrpcService,
+    transcript_client: Transcript,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    bound: dict[str, int],
+) -> None:
+    session_id = await transcript_client.new_session()
+    async with live_gateway(
+        tmp_path, transcript.port, send_buffer=4096, follow_close_timeout_seconds=30, **bound
+    ) as gateway:
+        # A browser with a small receive window that stops reading after its first message.
+        client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(client, ("127.0.0.1", gateway.port))
+        with caplog.at_level(logging.INFO, logger=FOLLOW_LOGGER):
+            async with follower(gateway, session_id, ALICE_TOKEN, sock=client, max_queue=1) as websocket:
+                await _eventually(lambda: gateway.upstreams.open_follows == 1)
+                published = 0
+                while gateway.upstreams.open_follows and published < 400:
+                    await transcript_client.append(session_id, f"{published:04d}" + "x" * 16_000)
+                    published += 1
+                # The gateway gave up on the browser: the upstream stream is gone already.
+                assert gateway.upstreams.open_follows == 0, "the gateway never noticed the browser stalled"
+                messages, code = await receive_until_closed(websocket, seconds=30)
+    assert code == 4429
+    assert messages[-1] == {
+        "type": "resync",
+        "generation": messages[0]["generation"],
+        "resync": {"reason": "RESYNC_REASON_OVERFLOW", "resumable": True},
+    }
+    # What did arrive is an unbroken prefix of the stream; the rest was dropped, not reordered.
+    assert messages[0]["type"] == "handshake"
+    batches = [m["batch"] for m in messages if m["type"] == "batch"]
+    assert len(batches) < published
+    for previous, batch in itertools.pairwise(batches):
+        assert batch["baseSeq"] == previous["seq"]
+    (closed,) = [r for r in caplog.records if r.message == "follow closed"]
+    assert (closed.__dict__["outcome"], closed.__dict__["close_code"]) == ("overflow", 4429)

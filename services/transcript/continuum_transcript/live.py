@@ -1,0 +1,196 @@
+"""The live half of TranscriptService: Follow, publishing batches, sampling attempts, the outline."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from typing import TypeAlias
+
+import grpc
+
+from continuum.transcript.v1 import follow_pb2 as fpb
+from continuum.transcript.v1 import resources_pb2 as pb
+from continuum.transcript.v1 import transcript_service_pb2 as api
+from continuum_runtime.auth import acting_user
+from continuum_runtime.database import Database
+from continuum_transcript import follow, persistence, sessions, turns, validation
+from continuum_transcript.errors import BadRequest
+from continuum_transcript.registry import PublisherRegistry
+from continuum_transcript.settings import TranscriptSettings
+
+Context: TypeAlias = grpc.aio.ServicerContext
+
+MESSAGE_KEY = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+MAX_STRUCT_BYTES = 64 * 1024
+OUTLINE_CAPABILITY = "history-outline-v1"
+RUN_STATES = frozenset(fpb.RunState.values()) - {fpb.RUN_STATE_UNSPECIFIED}
+PROMPT_KINDS = frozenset(fpb.PromptKind.values()) - {fpb.PROMPT_KIND_UNSPECIFIED}
+
+
+def attempt_ref(ref: fpb.AttemptRef, field: str = "attempt") -> fpb.AttemptRef:
+    """A stable message key and a positive attempt number."""
+    if not MESSAGE_KEY.match(ref.message_key):
+        raise BadRequest(f"{field}.message_key", "must be 1-128 letters, digits or '_.:-'")
+    if ref.attempt < 1:
+        raise BadRequest(f"{field}.attempt", "must be at least 1")
+    return ref
+
+
+def _small_struct(size: int, field: str) -> None:
+    if size > MAX_STRUCT_BYTES:
+        raise BadRequest(field, f"must be at most {MAX_STRUCT_BYTES} bytes")
+
+
+def runtime_state(state: fpb.RuntimeState, field: str) -> fpb.RuntimeState:
+    """A known run state, a bounded run id and small details."""
+    if state.state not in RUN_STATES:
+        raise BadRequest(f"{field}.state", "must be IDLE, RUNNING or WAITING")
+    validation.text(state.run_id, f"{field}.run_id", 256)
+    _small_struct(state.details.ByteSize(), f"{field}.details")
+    return state
+
+
+def prompt(value: fpb.PendingPrompt, field: str) -> fpb.PendingPrompt:
+    """A pending approval or question with an id."""
+    if not MESSAGE_KEY.match(value.prompt_id):
+        raise BadRequest(f"{field}.prompt_id", "must be 1-128 letters, digits or '_.:-'")
+    if value.kind not in PROMPT_KINDS:
+        raise BadRequest(f"{field}.kind", "must be APPROVAL or QUESTION")
+    _small_struct(value.body.ByteSize(), f"{field}.body")
+    return value
+
+
+class LiveTranscript:
+    """Mixed into TranscriptServicer, which provides the attributes below."""
+
+    _settings: TranscriptSettings
+    _db: Database
+    _registry: PublisherRegistry
+
+    async def Follow(self, request: api.FollowRequest, context: Context) -> AsyncIterator[api.FollowResponse]:
+        owner = acting_user(context)
+        follow.require_protocol(list(request.capabilities))
+        session_id = validation.session_id(request.session_id)
+        publisher = await self._registry.get(owner, session_id)
+        async for frame in follow.stream(publisher, self._db, request, self._settings.follow_heartbeat_seconds):
+            yield frame
+
+    async def PublishBatch(self, request: api.PublishBatchRequest, context: Context) -> api.PublishBatchResponse:
+        owner = acting_user(context)
+        session_id = validation.session_id(request.session_id)
+        if len(request.operations) > self._settings.max_batch_messages:
+            raise BadRequest("operations", f"must be at most {self._settings.max_batch_messages}")
+        if request.ByteSize() > self._settings.max_batch_bytes:
+            raise BadRequest("operations", f"must total at most {self._settings.max_batch_bytes} bytes")
+        rows: list[validation.MessageRow] = []
+        state: fpb.RuntimeState | None = None
+        upserted: list[fpb.PendingPrompt] = []
+        resolved: list[str] = []
+        events: list[fpb.RuntimeEvent] = []
+        for index, operation in enumerate(request.operations):
+            field = f"operations[{index}]"
+            kind = operation.WhichOneof("operation")
+            if kind == "message":
+                message = operation.message
+                rows.append(validation.new_message(message, f"{field}.message", self._settings, message.ByteSize()))
+            elif kind == "runtime_state":
+                state = runtime_state(operation.runtime_state, f"{field}.runtime_state")
+            elif kind == "prompt_upsert":
+                upserted.append(prompt(operation.prompt_upsert, f"{field}.prompt_upsert"))
+            elif kind == "prompt_resolved":
+                if not MESSAGE_KEY.match(operation.prompt_resolved):
+                    raise BadRequest(f"{field}.prompt_resolved", "must name a prompt id")
+                resolved.append(operation.prompt_resolved)
+            elif kind == "event":
+                if not MESSAGE_KEY.match(operation.event.kind):
+                    raise BadRequest(f"{field}.event.kind", "must be 1-128 letters, digits or '_.:-'")
+                _small_struct(operation.event.payload.ByteSize(), f"{field}.event.payload")
+                events.append(operation.event)
+            else:
+                raise BadRequest(field, "must set one operation")
+        publisher = await self._registry.get(owner, session_id)
+        seq, ids = await publisher.publish(
+            rows,
+            runtime_state=state,
+            prompts_upserted=upserted,
+            prompts_resolved=resolved,
+            events=events,
+            terminal=request.terminal,
+        )
+        if request.wait_durable or request.terminal:
+            await publisher.wait_durable(seq)
+        return api.PublishBatchResponse(generation=publisher.generation, seq=seq, message_ids=ids)
+
+    async def OpenAttempt(self, request: api.OpenAttemptRequest, context: Context) -> api.OpenAttemptResponse:
+        owner = acting_user(context)
+        session_id = validation.session_id(request.session_id)
+        ref = attempt_ref(request.attempt)
+        publisher = await self._registry.get(owner, session_id)
+        publisher.open_attempt(ref)
+        return api.OpenAttemptResponse(generation=publisher.generation)
+
+    async def AppendChunks(self, request: api.AppendChunksRequest, context: Context) -> api.AppendChunksResponse:
+        owner = acting_user(context)
+        session_id = validation.session_id(request.session_id)
+        ref = attempt_ref(request.attempt)
+        if not request.chunks:
+            raise BadRequest("chunks", "must contain at least one chunk")
+        if request.ByteSize() > self._settings.max_message_bytes:
+            raise BadRequest("chunks", f"must total at most {self._settings.max_message_bytes} bytes")
+        first = validation.non_negative(request.first_chunk_index, "first_chunk_index")
+        publisher = await self._registry.get(owner, session_id)
+        next_index = publisher.append_chunks(ref, first, list(request.chunks))
+        return api.AppendChunksResponse(next_chunk_index=next_index)
+
+    async def CommitAttempt(self, request: api.CommitAttemptRequest, context: Context) -> api.CommitAttemptResponse:
+        owner = acting_user(context)
+        session_id = validation.session_id(request.session_id)
+        ref = attempt_ref(request.attempt)
+        message = request.message
+        if message.role != pb.MESSAGE_ROLE_ASSISTANT:
+            raise BadRequest("message.role", "an attempt commits an ASSISTANT message")
+        row = validation.new_message(message, "message", self._settings, message.ByteSize())
+        publisher = await self._registry.get(owner, session_id)
+        message_id, seq = await publisher.commit_attempt(ref, row)
+        if request.wait_durable:
+            await publisher.wait_durable(seq)
+        return api.CommitAttemptResponse(message_id=message_id, seq=seq)
+
+    async def CancelAttempt(self, request: api.CancelAttemptRequest, context: Context) -> api.CancelAttemptResponse:
+        owner = acting_user(context)
+        session_id = validation.session_id(request.session_id)
+        ref = attempt_ref(request.attempt)
+        publisher = await self._registry.get(owner, session_id)
+        message_id, seq = await publisher.cancel_attempt(ref)
+        if request.wait_durable:
+            await publisher.wait_durable(seq)
+        return api.CancelAttemptResponse(message_id=message_id, seq=seq)
+
+    async def GetHistoryOutline(
+        self, request: api.GetHistoryOutlineRequest, context: Context
+    ) -> api.GetHistoryOutlineResponse:
+        owner = acting_user(context)
+        session_id = validation.session_id(request.session_id)
+        start_turn = validation.non_negative(request.start_turn, "start_turn") or 1
+        limit = validation.non_negative(request.limit, "limit") or 128
+        if limit > 1000:
+            raise BadRequest("limit", "must be at most 1000")
+        generation_pin = validation.non_negative(request.generation, "generation")
+        seq_pin = validation.non_negative(request.snapshot_sequence, "snapshot_sequence")
+        async with self._db.connection() as connection:
+            await sessions.load(connection, owner, session_id)
+        if OUTLINE_CAPABILITY not in request.capabilities:
+            return api.GetHistoryOutlineResponse(status=api.PIN_STATUS_UNSUPPORTED)
+        publisher = await self._registry.get(owner, session_id)
+        await publisher.flush_until(publisher.commit_seq)
+        async with self._db.transaction() as connection:
+            return await turns.outline(
+                connection,
+                session_id,
+                start_turn=start_turn,
+                limit=limit,
+                generation_pin=generation_pin or None,
+                seq_pin=seq_pin or None,
+                current_generation=await persistence.current_generation(connection, session_id),
+                durable_seq=publisher.durable_seq,
+            )

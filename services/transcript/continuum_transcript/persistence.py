@@ -1,0 +1,180 @@
+"""What the live publisher stores: its binding (generation), reserved message ids, and batches
+persisted in sequence order behind their fan-out."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import func, insert, select, text, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from continuum_runtime.database import Database, insert_ignoring_conflicts
+from continuum_transcript.clock import now_ms
+from continuum_transcript.tables import messages, session_runtime
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A publisher's claim on a session's live transcript, and the state it resumes from."""
+
+    generation: int
+    durable_seq: int
+    runtime_state: dict[str, Any]
+    pending_prompts: dict[str, dict[str, Any]]
+
+
+@dataclass
+class PersistBatch:
+    """One accepted batch as it must reach disk."""
+
+    seq: int
+    # Message rows with explicit ids and commit_seq.
+    rows: list[dict[str, Any]]
+    # The runtime state and prompts after this batch.
+    runtime_state: dict[str, Any]
+    pending_prompts: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+async def bind(database: Database, session_id: str) -> Binding:
+    """Take the session's live transcript: a new generation, resuming from what is durable.
+
+    Every (re)bind bumps the generation, so followers of a previous publisher resync, and a
+    previous publisher elsewhere is fenced out of further writes.
+    """
+    async with database.transaction() as connection:
+        durable = await connection.scalar(
+            select(func.coalesce(func.max(messages.c.commit_seq), 0)).where(messages.c.session_id == session_id)
+        )
+        fresh = {
+            "session_id": session_id,
+            "generation": 1,
+            "durable_seq": int(durable or 0),
+            "runtime_state": {},
+            "pending_prompts": {},
+            "update_ms": now_ms(),
+        }
+        await connection.execute(
+            insert_ignoring_conflicts(connection, session_runtime).values(fresh).on_conflict_do_nothing()
+        )
+        row = (
+            (
+                await connection.execute(
+                    update(session_runtime)
+                    .where(session_runtime.c.session_id == session_id)
+                    .values(generation=session_runtime.c.generation + 1, update_ms=now_ms())
+                    .returning(*session_runtime.c)
+                )
+            )
+            .mappings()
+            .one()
+        )
+    return Binding(
+        generation=int(row["generation"]),
+        durable_seq=max(int(row["durable_seq"]), int(durable or 0)),
+        runtime_state=dict(row["runtime_state"]),
+        pending_prompts=dict(row["pending_prompts"]),
+    )
+
+
+async def bump_generation(connection: AsyncConnection, session_id: str, expected: int) -> int | None:
+    """Advance the generation inside a rewrite's transaction; None when `expected` is stale."""
+    result = await connection.execute(
+        update(session_runtime)
+        .where(session_runtime.c.session_id == session_id, session_runtime.c.generation == expected)
+        .values(generation=session_runtime.c.generation + 1, update_ms=now_ms())
+        .returning(session_runtime.c.generation)
+    )
+    value = result.scalar_one_or_none()
+    return None if value is None else int(value)
+
+
+async def current_generation(connection: AsyncConnection, session_id: str) -> int:
+    """The session's Follow generation (0 before it was ever followed or published to)."""
+    value = await connection.scalar(
+        select(session_runtime.c.generation).where(session_runtime.c.session_id == session_id)
+    )
+    return int(value or 0)
+
+
+async def reserve_ids(database: Database, count: int) -> list[int]:
+    """`count` fresh message ids, ascending. Ids are reserved ahead of persistence so accepted
+    messages can be shown with their final ids before they reach disk."""
+    async with database.transaction() as connection:
+        if connection.dialect.name == "postgresql":
+            found = await connection.execute(
+                text(
+                    "SELECT nextval(pg_get_serial_sequence('messages', 'message_id'))"
+                    " FROM generate_series(1, :count) ORDER BY 1"
+                ),
+                {"count": count},
+            )
+            return [int(value) for value in found.scalars()]
+        # SQLite's AUTOINCREMENT counter lives in sqlite_sequence; advancing it reserves the ids.
+        await connection.execute(
+            text(
+                "INSERT INTO sqlite_sequence (name, seq) SELECT 'messages', COALESCE(MAX(message_id), 0)"
+                " FROM messages WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'messages')"
+            )
+        )
+        last = await connection.scalar(
+            text("UPDATE sqlite_sequence SET seq = seq + :count WHERE name = 'messages' RETURNING seq"),
+            {"count": count},
+        )
+        return list(range(int(last) - count + 1, int(last) + 1))
+
+
+_INSERT_ROWS = """
+INSERT INTO messages
+    (message_id, session_id, role, content, tool_calls, tool_call_id, metadata, status, deleted, create_ms, commit_seq)
+SELECT * FROM unnest($1::bigint[], $2::text[], $3::int[], $4::json[], $5::json[], $6::text[], $7::json[],
+                     $8::int[], $9::bool[], $10::bigint[], $11::bigint[])
+"""
+
+
+async def persist(database: Database, session_id: str, generation: int, batches: list[PersistBatch]) -> bool:
+    """Write a group of consecutive batches in one transaction; False when fenced out (another
+    publisher bound the session, or the history was rewritten) and nothing was written."""
+    rows = [row for batch in batches for row in batch.rows]
+    last = batches[-1]
+    async with database.transaction() as connection:
+        fenced = await connection.execute(
+            update(session_runtime)
+            .where(session_runtime.c.session_id == session_id, session_runtime.c.generation == generation)
+            .values(
+                durable_seq=last.seq,
+                runtime_state=last.runtime_state,
+                pending_prompts=last.pending_prompts,
+                update_ms=now_ms(),
+            )
+        )
+        if fenced.rowcount != 1:
+            await connection.rollback()
+            return False
+        if rows:
+            await _insert_rows(connection, rows)
+    return True
+
+
+async def _insert_rows(connection: AsyncConnection, rows: list[dict[str, Any]]) -> None:
+    if connection.dialect.name != "postgresql":
+        await connection.execute(insert(messages), rows)
+        return
+    # One array-bound statement: far less per-row work than a multi-row INSERT built by the ORM layer.
+    raw = await connection.get_raw_connection()
+    driver: Any = raw.driver_connection
+    await driver.execute(
+        _INSERT_ROWS,
+        [row["message_id"] for row in rows],
+        [row["session_id"] for row in rows],
+        [row["role"] for row in rows],
+        [json.dumps(row["content"]) for row in rows],
+        [json.dumps(row["tool_calls"]) for row in rows],
+        [row["tool_call_id"] for row in rows],
+        [json.dumps(row["metadata"]) for row in rows],
+        [row["status"] for row in rows],
+        [row["deleted"] for row in rows],
+        [row["create_ms"] for row in rows],
+        [row["commit_seq"] for row in rows],
+    )

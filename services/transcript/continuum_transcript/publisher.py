@@ -1,0 +1,564 @@
+"""The live publisher of one session: business sequence, sampling attempts, fan-out, durability.
+
+Accepted batches get the next `commit_seq` and their message ids at once and are shown to
+followers immediately; a flusher persists them behind, in order, and `durable_seq` catches up.
+Frames leave through one ordered outbox: a terminal batch (and each settlement) waits there for
+its persistence barrier, and everything after it waits behind it, so followers never see a gap.
+
+All state changes and fan-out happen in synchronous code (no `await`), which on one event loop
+is the publisher's lock; database I/O and transport writes happen outside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf import json_format
+
+from continuum.transcript.v1 import follow_pb2 as fpb
+from continuum.transcript.v1 import resources_pb2 as pb
+from continuum.transcript.v1 import transcript_service_pb2 as api
+from continuum_runtime.database import Database
+from continuum_transcript import convert, persistence
+from continuum_transcript.clock import now_ms
+from continuum_transcript.errors import AttemptConflict, PublisherUnavailable
+from continuum_transcript.validation import MessageRow
+
+logger = logging.getLogger("continuum.transcript.publisher")
+
+PROTOCOL = "transcript-v2"
+
+
+@dataclass
+class Attempt:
+    """An open sampling attempt and the chunks shown so far."""
+
+    ref: fpb.AttemptRef
+    chunks: list[str] = field(default_factory=list)
+
+    def prefix(self) -> fpb.ActivePrefix:
+        """The attempt's displayed text as one prefix frame."""
+        return fpb.ActivePrefix(attempt=self.ref, next_chunk_index=len(self.chunks), text="".join(self.chunks))
+
+
+@dataclass
+class DeliveredView:
+    """What followers have been shown so far: the state a new follower's snapshot starts from."""
+
+    seq: int
+    runtime_state: fpb.RuntimeState
+    prompts: dict[str, fpb.PendingPrompt]
+    prefixes: dict[str, Attempt] = field(default_factory=dict)
+    event_no: int = 0
+
+    def apply(self, frame: api.FollowResponse) -> None:
+        """Advance the view by one delivered frame."""
+        kind = frame.WhichOneof("frame")
+        if kind == "batch":
+            batch = frame.batch
+            self.seq = batch.seq
+            if batch.HasField("runtime_state"):
+                self.runtime_state = batch.runtime_state
+            for prompt in batch.prompts_upserted:
+                self.prompts[prompt.prompt_id] = prompt
+            for resolved in batch.prompts_resolved:
+                self.prompts.pop(resolved, None)
+            if batch.HasField("settles"):
+                current = self.prefixes.get(batch.settles.message_key)
+                if current is not None and current.ref.attempt == batch.settles.attempt:
+                    del self.prefixes[batch.settles.message_key]
+        elif kind == "watermark":
+            self.seq = frame.watermark.seq
+        elif kind == "attempt_opened":
+            self.prefixes[frame.attempt_opened.message_key] = Attempt(frame.attempt_opened)
+        elif kind == "chunk":
+            current = self.prefixes.get(frame.chunk.attempt.message_key)
+            if current is not None and current.ref.attempt == frame.chunk.attempt.attempt:
+                current.chunks.append(frame.chunk.text)
+
+
+class Subscription:
+    """One follower's bounded queue. Falling behind the bound ends it with resync(OVERFLOW)."""
+
+    def __init__(self, bound: int) -> None:
+        self._bound = bound
+        self._queue: asyncio.Queue[tuple[int, api.FollowResponse]] = asyncio.Queue()
+        self.ended = False
+
+    def offer(self, event_no: int, frame: api.FollowResponse) -> None:
+        """Queue a frame, or replace the backlog by a resync once the bound is exceeded."""
+        if self.ended:
+            return
+        if self._queue.qsize() >= self._bound:
+            self.end(fpb.RESYNC_REASON_OVERFLOW, frame.generation, resumable=True)
+            return
+        self._queue.put_nowait((event_no, frame))
+
+    def end(self, reason: int, generation: int, *, resumable: bool) -> None:
+        """Drop the backlog and leave only a resync frame."""
+        if self.ended:
+            return
+        self.ended = True
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        resync = fpb.ResyncFrame(reason=reason, resumable=resumable)  # type: ignore[arg-type]
+        self._queue.put_nowait((0, api.FollowResponse(generation=generation, resync=resync)))
+
+    async def next(self, seconds: float) -> tuple[int, api.FollowResponse] | None:
+        """The next frame, or None after `seconds` of quiet (time for a heartbeat)."""
+        try:
+            return await asyncio.wait_for(self._queue.get(), seconds)
+        except TimeoutError:
+            return None
+
+
+@dataclass(frozen=True)
+class Cut:
+    """What a new follower starts from, captured atomically with its registration."""
+
+    generation: int
+    seq: int
+    event_no: int
+    runtime_state: fpb.RuntimeState
+    prompts: list[fpb.PendingPrompt]
+    prefixes: list[fpb.ActivePrefix]
+    replay: list[api.FollowResponse]
+    replay_first_seq: int
+
+
+@dataclass
+class _Outgoing:
+    event_no: int
+    barrier: int
+    frame: api.FollowResponse
+
+
+class SessionPublisher:
+    """Owns one session's live transcript inside this process."""
+
+    def __init__(
+        self,
+        session_id: str,
+        owner: str,
+        binding: persistence.Binding,
+        database: Database,
+        *,
+        queue_bound: int,
+        replay_frames: int,
+        id_block: int,
+        on_closed: Callable[[SessionPublisher], None],
+    ) -> None:
+        self.session_id = session_id
+        self.owner = owner
+        self.generation = binding.generation
+        self.commit_seq = binding.durable_seq
+        self.durable_seq = binding.durable_seq
+        self._db = database
+        self._queue_bound = queue_bound
+        self._id_block = id_block
+        self._on_closed = on_closed
+        state = fpb.RuntimeState()
+        json_format.ParseDict(binding.runtime_state, state, ignore_unknown_fields=True)
+        prompts = {}
+        for prompt_id, body in binding.pending_prompts.items():
+            prompt = fpb.PendingPrompt()
+            json_format.ParseDict(body, prompt, ignore_unknown_fields=True)
+            prompts[prompt_id] = prompt
+        self.runtime_state = state
+        self.prompts: dict[str, fpb.PendingPrompt] = prompts
+        self.attempts: dict[str, Attempt] = {}
+        self.view = DeliveredView(self.commit_seq, fpb.RuntimeState(), {}, {})
+        self.view.runtime_state.CopyFrom(state)
+        self.view.prompts = dict(prompts)
+        self._event_no = 0
+        self._outbox: deque[_Outgoing] = deque()
+        self._replay: deque[tuple[int, api.FollowResponse]] = deque(maxlen=replay_frames)
+        self._subscribers: set[Subscription] = set()
+        self._pending: list[persistence.PersistBatch] = []
+        self._ids: deque[int] = deque()
+        self._accept = asyncio.Lock()
+        self._wake_flusher = asyncio.Event()
+        self._durable_advanced = asyncio.Event()
+        self.failed_flushes = 0
+        self.closed = False
+        self._flusher = asyncio.create_task(self._flush_forever(), name=f"flusher-{session_id}")
+
+    # Accepting work
+
+    async def publish(
+        self,
+        rows: list[MessageRow],
+        *,
+        runtime_state: fpb.RuntimeState | None = None,
+        prompts_upserted: list[fpb.PendingPrompt] | None = None,
+        prompts_resolved: list[str] | None = None,
+        events: list[fpb.RuntimeEvent] | None = None,
+        terminal: bool = False,
+        settles: fpb.AttemptRef | None = None,
+        extra_metadata: dict[str, Any] | None = None,
+    ) -> tuple[int, list[int]]:
+        """Accept one business batch; returns its sequence and its messages' ids."""
+        async with self._accept:
+            self._check_open()
+            await self._ensure_ids(len(rows))
+            if settles is not None:
+                self._take_attempt(settles)
+            return self._accept_now(
+                rows,
+                runtime_state=runtime_state,
+                prompts_upserted=prompts_upserted or [],
+                prompts_resolved=prompts_resolved or [],
+                events=events or [],
+                terminal=terminal,
+                settles=settles,
+                extra_metadata=extra_metadata or {},
+            )
+
+    def _accept_now(
+        self,
+        rows: list[MessageRow],
+        *,
+        runtime_state: fpb.RuntimeState | None,
+        prompts_upserted: list[fpb.PendingPrompt],
+        prompts_resolved: list[str],
+        events: list[fpb.RuntimeEvent],
+        terminal: bool,
+        settles: fpb.AttemptRef | None,
+        extra_metadata: dict[str, Any],
+    ) -> tuple[int, list[int]]:
+        # Synchronous from here on: sequence, ids, state and fan-out change together.
+        seq = self.commit_seq + 1
+        created = now_ms()
+        stored: list[dict[str, Any]] = [
+            {
+                "message_id": self._ids.popleft(),
+                "session_id": self.session_id,
+                "role": row.role,
+                "content": row.content,
+                "tool_calls": row.tool_calls,
+                "tool_call_id": row.tool_call_id,
+                "metadata": {**row.metadata, **extra_metadata},
+                "status": row.status,
+                "deleted": False,
+                "create_ms": created,
+                "commit_seq": seq,
+            }
+            for row in rows
+        ]
+        self.commit_seq = seq
+        if runtime_state is not None:
+            self.runtime_state = runtime_state
+        for prompt in prompts_upserted:
+            self.prompts[prompt.prompt_id] = prompt
+        for resolved in prompts_resolved:
+            self.prompts.pop(resolved, None)
+        self._pending.append(
+            persistence.PersistBatch(
+                seq=seq,
+                rows=stored,
+                runtime_state=json_format.MessageToDict(self.runtime_state),
+                pending_prompts={k: json_format.MessageToDict(v) for k, v in self.prompts.items()},
+            )
+        )
+        self._wake_flusher.set()
+        if stored or runtime_state is not None or prompts_upserted or prompts_resolved or events:
+            batch = fpb.BatchFrame(
+                base_seq=seq - 1,
+                seq=seq,
+                messages=[convert.message(row) for row in stored],
+                runtime_state=runtime_state,
+                prompts_upserted=prompts_upserted,
+                prompts_resolved=prompts_resolved,
+                events=events,
+                settles=settles,
+            )
+            frame = api.FollowResponse(generation=self.generation, batch=batch)
+        else:
+            watermark = fpb.WatermarkFrame(base_seq=seq - 1, seq=seq)
+            frame = api.FollowResponse(generation=self.generation, watermark=watermark)
+        self._emit(frame, barrier=seq if terminal else 0)
+        return seq, [int(row["message_id"]) for row in stored]
+
+    def open_attempt(self, ref: fpb.AttemptRef) -> None:
+        """Open (or, with a higher attempt number, retry) a sampling attempt."""
+        self._check_open()
+        current = self.attempts.get(ref.message_key)
+        if current is not None and current.ref.attempt >= ref.attempt:
+            raise AttemptConflict(
+                "a retry needs a higher attempt number than the open one",
+                metadata={"attempt": current.ref.attempt},
+            )
+        self.attempts[ref.message_key] = Attempt(fpb.AttemptRef(message_key=ref.message_key, attempt=ref.attempt))
+        self._emit(api.FollowResponse(generation=self.generation, attempt_opened=ref))
+
+    def append_chunks(self, ref: fpb.AttemptRef, first_index: int, chunks: list[str]) -> int:
+        """Show more chunks of an open attempt; indexes must continue exactly."""
+        self._check_open()
+        attempt = self._open(ref)
+        if first_index != len(attempt.chunks):
+            raise AttemptConflict(
+                "chunk indexes must continue the attempt", metadata={"next_chunk_index": len(attempt.chunks)}
+            )
+        for offset, text in enumerate(chunks):
+            attempt.chunks.append(text)
+            chunk = api.ChunkFrame(attempt=attempt.ref, chunk_index=first_index + offset, text=text)
+            self._emit(api.FollowResponse(generation=self.generation, chunk=chunk))
+        return len(attempt.chunks)
+
+    async def commit_attempt(self, ref: fpb.AttemptRef, row: MessageRow) -> tuple[int, int]:
+        """Commit the attempt's complete message; its settlement follows once durable."""
+        self._open(ref)
+        seq, (message_id,) = await self.publish(
+            [row], settles=ref, extra_metadata={"messageKey": ref.message_key, "attempt": ref.attempt}
+        )
+        self._settle(ref, seq, message_id, fpb.SETTLEMENT_OUTCOME_COMMITTED)
+        return message_id, seq
+
+    async def cancel_attempt(self, ref: fpb.AttemptRef) -> tuple[int, int]:
+        """Store exactly the displayed partial output as an interrupted message, then settle."""
+        async with self._accept:
+            self._check_open()
+            self._open(ref)
+            await self._ensure_ids(1)
+            # Read what was shown in the same synchronous step that ends the attempt, so no
+            # chunk can slip in between.
+            shown = "".join(self._open(ref).chunks)
+            self._take_attempt(ref)
+            row = MessageRow(
+                role=pb.MESSAGE_ROLE_ASSISTANT,
+                content=[{"text": shown}] if shown else [],
+                tool_calls=[],
+                tool_call_id="",
+                metadata={},
+                status=pb.MESSAGE_STATUS_INTERRUPTED,
+            )
+            seq, (message_id,) = self._accept_now(
+                [row],
+                runtime_state=None,
+                prompts_upserted=[],
+                prompts_resolved=[],
+                events=[],
+                terminal=False,
+                settles=ref,
+                extra_metadata={"messageKey": ref.message_key, "attempt": ref.attempt},
+            )
+        self._settle(ref, seq, message_id, fpb.SETTLEMENT_OUTCOME_INTERRUPTED)
+        return message_id, seq
+
+    async def rewrite(self, change: Callable[[Any], Awaitable[Any]]) -> tuple[Any, int]:
+        """Rewrite history: flush, run `change(connection)` and bump the generation in one
+        transaction, then end every follower with resync(REWRITE). Returns `change`'s result and
+        the new generation."""
+        async with self._accept:
+            self._check_open()
+            await self.flush_until(self.commit_seq)
+            async with self._db.transaction() as connection:
+                result = await change(connection)
+                generation = await persistence.bump_generation(connection, self.session_id, self.generation)
+                if generation is None:
+                    raise PublisherUnavailable(
+                        "the session's live transcript moved; retry", metadata={"session_id": self.session_id}
+                    )
+            old = self.generation
+            self.generation = generation
+            self.attempts.clear()
+            self._replay.clear()
+            self.view.prefixes.clear()
+            for subscriber in list(self._subscribers):
+                subscriber.end(fpb.RESYNC_REASON_REWRITE, old, resumable=False)
+            self._subscribers.clear()
+            return result, generation
+
+    async def wait_durable(self, seq: int) -> None:
+        """Return once everything up to `seq` is on disk."""
+        while self.durable_seq < seq:
+            self._check_open()
+            self._durable_advanced.clear()
+            await self._durable_advanced.wait()
+
+    def _open(self, ref: fpb.AttemptRef) -> Attempt:
+        attempt = self.attempts.get(ref.message_key)
+        if attempt is None or attempt.ref.attempt != ref.attempt:
+            raise AttemptConflict("no such open attempt", metadata={"message_key": ref.message_key})
+        return attempt
+
+    def _take_attempt(self, ref: fpb.AttemptRef) -> None:
+        self._open(ref)
+        del self.attempts[ref.message_key]
+
+    def _settle(self, ref: fpb.AttemptRef, seq: int, message_id: int, outcome: int) -> None:
+        settlement = fpb.SettlementFrame(attempt=ref, seq=seq, message_id=message_id, outcome=outcome)  # type: ignore[arg-type]
+        self._emit(api.FollowResponse(generation=self.generation, settlement=settlement), barrier=seq)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise PublisherUnavailable(
+                "the session's live transcript moved; retry", metadata={"session_id": self.session_id}
+            )
+
+    async def _ensure_ids(self, count: int) -> None:
+        if len(self._ids) < count:
+            self._ids.extend(await persistence.reserve_ids(self._db, max(count, self._id_block)))
+
+    # Fan-out
+
+    def _emit(self, frame: api.FollowResponse, barrier: int = 0) -> None:
+        self._event_no += 1
+        self._outbox.append(_Outgoing(self._event_no, barrier, frame))
+        self._drain()
+
+    def _drain(self) -> None:
+        while self._outbox and self._outbox[0].barrier <= self.durable_seq:
+            item = self._outbox.popleft()
+            self.view.apply(item.frame)
+            self.view.event_no = item.event_no
+            kind = item.frame.WhichOneof("frame")
+            if kind in ("batch", "watermark", "settlement"):
+                self._replay.append((self.view.seq, item.frame))
+            for subscriber in list(self._subscribers):
+                subscriber.offer(item.event_no, item.frame)
+                if subscriber.ended:
+                    self._subscribers.discard(subscriber)
+
+    def subscribe(self) -> tuple[Subscription, Cut]:
+        """Register a bounded subscription and capture the delivered view, atomically."""
+        self._check_open()
+        subscription = Subscription(self._queue_bound)
+        self._subscribers.add(subscription)
+        view = self.view
+        cut = Cut(
+            generation=self.generation,
+            seq=view.seq,
+            event_no=view.event_no,
+            runtime_state=_copy(view.runtime_state),
+            prompts=list(view.prompts.values()),
+            prefixes=[attempt.prefix() for attempt in view.prefixes.values()],
+            replay=[frame for _, frame in self._replay],
+            replay_first_seq=self._replay[0][0] if self._replay else view.seq + 1,
+        )
+        return subscription, cut
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        """A follower left (a disconnect is never a cancel)."""
+        self._subscribers.discard(subscription)
+
+    @property
+    def follower_count(self) -> int:
+        """How many followers are attached."""
+        return len(self._subscribers)
+
+    def heartbeat(self) -> api.FollowResponse:
+        """A liveness frame with the latest sequences."""
+        beat = fpb.HeartbeatFrame(commit_seq=self.commit_seq, durable_seq=self.durable_seq)
+        return api.FollowResponse(generation=self.generation, heartbeat=beat)
+
+    # Durability
+
+    async def flush_until(self, seq: int) -> None:
+        """Make sure everything accepted up to `seq` is durable (snapshots call this)."""
+        self._wake_flusher.set()
+        await self.wait_durable(seq)
+
+    async def _flush_forever(self) -> None:
+        delay = 0.05
+        while not self.closed:
+            await self._wake_flusher.wait()
+            self._wake_flusher.clear()
+            while self._pending and not self.closed:
+                group = list(self._pending)
+                try:
+                    written = await persistence.persist(self._db, self.session_id, self.generation, group)
+                except Exception as error:  # the database is down or failing: keep output, retry
+                    self._report_failure(type(error).__name__)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+                    continue
+                if not written:
+                    logger.warning(
+                        "publisher fenced out", extra={"session_id": self.session_id, "generation": self.generation}
+                    )
+                    self.close(fpb.RESYNC_REASON_REBIND)
+                    return
+                delay = 0.05
+                del self._pending[: len(group)]
+                self._advance_durable(group[-1].seq)
+
+    def _report_failure(self, reason: str) -> None:
+        self.failed_flushes += 1
+        logger.warning(
+            "persisting the transcript failed; retrying",
+            extra={
+                "session_id": self.session_id,
+                "reason": reason,
+                "commit_seq": self.commit_seq,
+                "durable_seq": self.durable_seq,
+                "attempts": self.failed_flushes,
+            },
+        )
+        failure = fpb.RecoveryFailureFrame(
+            reason=reason, commit_seq=self.commit_seq, durable_seq=self.durable_seq, failed_attempts=self.failed_flushes
+        )
+        # Not through the outbox: the failure is news now, even behind a waiting barrier.
+        self._broadcast(api.FollowResponse(generation=self.generation, recovery_failure=failure))
+
+    def _advance_durable(self, seq: int) -> None:
+        self.durable_seq = seq
+        self._durable_advanced.set()
+        if self.failed_flushes:
+            self.failed_flushes = 0
+            logger.info("persisting recovered", extra={"session_id": self.session_id, "durable_seq": seq})
+            self._broadcast(
+                api.FollowResponse(generation=self.generation, recovered=fpb.RecoveredFrame(durable_seq=seq))
+            )
+        self._drain()
+
+    def _broadcast(self, frame: api.FollowResponse) -> None:
+        for subscriber in list(self._subscribers):
+            subscriber.offer(0, frame)
+
+    # Ending
+
+    def close(self, reason: int, *, resumable: bool = False) -> None:
+        """Stop publishing: followers get a resync and the publisher leaves the registry."""
+        if self.closed:
+            return
+        self.closed = True
+        for subscriber in list(self._subscribers):
+            subscriber.end(reason, self.generation, resumable=resumable)
+        self._subscribers.clear()
+        self._durable_advanced.set()
+        self._wake_flusher.set()
+        self._on_closed(self)
+
+    async def drain_and_close(self, reason: int, grace_seconds: float) -> None:
+        """Flush what was accepted (bounded by `timeout`), then close."""
+        if self._pending:
+            try:
+                await asyncio.wait_for(self.flush_until(self.commit_seq), grace_seconds)
+            except (TimeoutError, PublisherUnavailable):
+                logger.warning(
+                    "closing with unpersisted batches",
+                    extra={
+                        "session_id": self.session_id,
+                        "commit_seq": self.commit_seq,
+                        "durable_seq": self.durable_seq,
+                    },
+                )
+        self.close(reason)
+        self._flusher.cancel()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing pending, nobody following, no attempt open."""
+        return not self._pending and not self._subscribers and not self.attempts and not self._outbox
+
+
+def _copy(state: fpb.RuntimeState) -> fpb.RuntimeState:
+    copied = fpb.RuntimeState()
+    copied.CopyFrom(state)
+    return copied

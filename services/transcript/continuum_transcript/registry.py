@@ -1,0 +1,101 @@
+"""The publishers this process owns: one per session, created on first use, reaped when idle."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from continuum.transcript.v1 import follow_pb2 as fpb
+from continuum_runtime.database import Database
+from continuum_transcript import persistence, sessions
+from continuum_transcript.publisher import SessionPublisher
+from continuum_transcript.settings import TranscriptSettings
+
+logger = logging.getLogger("continuum.transcript.registry")
+
+
+class PublisherRegistry:
+    """Finds or binds the publisher of a session. Binding bumps the session's generation, so a
+    publisher that restarted (here or elsewhere) is a rebind every follower notices."""
+
+    def __init__(self, database: Database, settings: TranscriptSettings) -> None:
+        self._db = database
+        self._settings = settings
+        self._publishers: dict[str, SessionPublisher] = {}
+        self._binding: dict[str, asyncio.Lock] = {}
+        self._reaper: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Begin reaping idle publishers."""
+        self._reaper = asyncio.create_task(self._reap_forever(), name="publisher-reaper")
+
+    async def get(self, owner: str, session_id: str) -> SessionPublisher:
+        """The live publisher of one of `owner`'s sessions (ownership checked every time)."""
+        publisher = self._publishers.get(session_id)
+        if publisher is not None and not publisher.closed:
+            if publisher.owner != owner:
+                async with self._db.connection() as connection:
+                    await sessions.load(connection, owner, session_id)  # raises the right refusal
+            return publisher
+        lock = self._binding.setdefault(session_id, asyncio.Lock())
+        async with lock:
+            publisher = self._publishers.get(session_id)
+            if publisher is not None and not publisher.closed and publisher.owner == owner:
+                return publisher
+            async with self._db.connection() as connection:
+                row = await sessions.load(connection, owner, session_id)
+            binding = await persistence.bind(self._db, session_id)
+            publisher = SessionPublisher(
+                session_id,
+                row["owner"],
+                binding,
+                self._db,
+                queue_bound=self._settings.follow_queue_bound,
+                replay_frames=self._settings.follow_replay_frames,
+                id_block=self._settings.publisher_id_block,
+                on_closed=self._forget,
+            )
+            self._publishers[session_id] = publisher
+            logger.info(
+                "publisher bound",
+                extra={"session_id": session_id, "generation": binding.generation, "durable_seq": binding.durable_seq},
+            )
+            return publisher
+
+    def _forget(self, publisher: SessionPublisher) -> None:
+        if self._publishers.get(publisher.session_id) is publisher:
+            del self._publishers[publisher.session_id]
+
+    def end_sessions(self, session_ids: list[str]) -> None:
+        """Deleted sessions: their followers get resync(REWRITE) and then NOT_FOUND on re-follow."""
+        for session_id in session_ids:
+            publisher = self._publishers.get(session_id)
+            if publisher is not None:
+                publisher.close(fpb.RESYNC_REASON_REWRITE)
+
+    async def _reap_forever(self) -> None:
+        interval = min(self._settings.publisher_idle_seconds, 30.0)
+        idle_since: dict[str, float] = {}
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(interval)
+            now = loop.time()
+            for session_id, publisher in list(self._publishers.items()):
+                if not publisher.idle:
+                    idle_since.pop(session_id, None)
+                    continue
+                since = idle_since.setdefault(session_id, now)
+                if now - since >= self._settings.publisher_idle_seconds:
+                    idle_since.pop(session_id, None)
+                    await publisher.drain_and_close(fpb.RESYNC_REASON_REBIND, grace_seconds=5.0)
+
+    async def shutdown(self, grace_seconds: float) -> None:
+        """Flush what every publisher accepted (bounded), end all followers, stop."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        await asyncio.gather(
+            *[p.drain_and_close(fpb.RESYNC_REASON_SHUTDOWN, grace_seconds) for p in list(self._publishers.values())]
+        )
