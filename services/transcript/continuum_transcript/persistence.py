@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import func, insert, select, text, update
+from sqlalchemy import bindparam, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from continuum_runtime.database import Database, insert_ignoring_conflicts
@@ -125,56 +125,86 @@ async def reserve_ids(database: Database, count: int) -> list[int]:
         return list(range(int(last) - count + 1, int(last) + 1))
 
 
-_INSERT_ROWS = """
-INSERT INTO messages
-    (message_id, session_id, role, content, tool_calls, tool_call_id, metadata, status, deleted, create_ms, commit_seq)
-SELECT * FROM unnest($1::bigint[], $2::text[], $3::int[], $4::json[], $5::json[], $6::text[], $7::json[],
-                     $8::int[], $9::bool[], $10::bigint[], $11::bigint[])
+# PostgreSQL: the fence, the durable sequence and the rows in ONE autocommitted statement, so a
+# flush costs one round trip. Rows are written only if the fence held.
+_PERSIST_FENCED = """
+WITH fence AS (
+    UPDATE session_runtime
+    SET durable_seq = $3, runtime_state = $4::json, pending_prompts = $5::json, update_ms = $6
+    WHERE session_id = $1 AND generation = $2
+    RETURNING 1
+), written AS (
+    INSERT INTO messages
+        (message_id, session_id, role, content, tool_calls, tool_call_id, metadata, status, deleted, create_ms,
+         commit_seq)
+    SELECT * FROM unnest($7::bigint[], $8::text[], $9::int[], $10::json[], $11::json[], $12::text[], $13::json[],
+                         $14::int[], $15::bool[], $16::bigint[], $17::bigint[])
+    WHERE EXISTS (SELECT 1 FROM fence)
+)
+SELECT count(*) FROM fence
 """
+
+# SQLite: the same in one transaction; the single writer lock makes it just as atomic.
+_ADVANCE_DURABLE = (
+    update(session_runtime)
+    .where(
+        session_runtime.c.session_id == bindparam("fence_session_id"),
+        session_runtime.c.generation == bindparam("fence_generation"),
+    )
+    .values(
+        durable_seq=bindparam("durable_seq"),
+        runtime_state=bindparam("runtime_state", type_=session_runtime.c.runtime_state.type),
+        pending_prompts=bindparam("pending_prompts", type_=session_runtime.c.pending_prompts.type),
+        update_ms=bindparam("update_ms"),
+    )
+)
 
 
 async def persist(database: Database, session_id: str, generation: int, batches: list[PersistBatch]) -> bool:
-    """Write a group of consecutive batches in one transaction; False when fenced out (another
-    publisher bound the session, or the history was rewritten) and nothing was written."""
+    """Write a group of consecutive batches atomically; False when fenced out (another publisher
+    bound the session, or the history was rewritten) and nothing was written."""
     rows = [row for batch in batches for row in batch.rows]
     last = batches[-1]
+    if not database.sqlite:
+        async with database.connection() as connection:
+            raw = await connection.get_raw_connection()
+            driver: Any = raw.driver_connection
+            held = await driver.fetchval(
+                _PERSIST_FENCED,
+                session_id,
+                generation,
+                last.seq,
+                json.dumps(last.runtime_state),
+                json.dumps(last.pending_prompts),
+                now_ms(),
+                [row["message_id"] for row in rows],
+                [row["session_id"] for row in rows],
+                [row["role"] for row in rows],
+                [json.dumps(row["content"]) for row in rows],
+                [json.dumps(row["tool_calls"]) for row in rows],
+                [row["tool_call_id"] for row in rows],
+                [json.dumps(row["metadata"]) for row in rows],
+                [row["status"] for row in rows],
+                [row["deleted"] for row in rows],
+                [row["create_ms"] for row in rows],
+                [row["commit_seq"] for row in rows],
+            )
+        return bool(held)
     async with database.transaction() as connection:
         fenced = await connection.execute(
-            update(session_runtime)
-            .where(session_runtime.c.session_id == session_id, session_runtime.c.generation == generation)
-            .values(
-                durable_seq=last.seq,
-                runtime_state=last.runtime_state,
-                pending_prompts=last.pending_prompts,
-                update_ms=now_ms(),
-            )
+            _ADVANCE_DURABLE,
+            {
+                "fence_session_id": session_id,
+                "fence_generation": generation,
+                "durable_seq": last.seq,
+                "runtime_state": last.runtime_state,
+                "pending_prompts": last.pending_prompts,
+                "update_ms": now_ms(),
+            },
         )
         if fenced.rowcount != 1:
             await connection.rollback()
             return False
         if rows:
-            await _insert_rows(connection, rows)
+            await connection.execute(insert(messages), rows)
     return True
-
-
-async def _insert_rows(connection: AsyncConnection, rows: list[dict[str, Any]]) -> None:
-    if connection.dialect.name != "postgresql":
-        await connection.execute(insert(messages), rows)
-        return
-    # One array-bound statement: far less per-row work than a multi-row INSERT built by the ORM layer.
-    raw = await connection.get_raw_connection()
-    driver: Any = raw.driver_connection
-    await driver.execute(
-        _INSERT_ROWS,
-        [row["message_id"] for row in rows],
-        [row["session_id"] for row in rows],
-        [row["role"] for row in rows],
-        [json.dumps(row["content"]) for row in rows],
-        [json.dumps(row["tool_calls"]) for row in rows],
-        [row["tool_call_id"] for row in rows],
-        [json.dumps(row["metadata"]) for row in rows],
-        [row["status"] for row in rows],
-        [row["deleted"] for row in rows],
-        [row["create_ms"] for row in rows],
-        [row["commit_seq"] for row in rows],
-    )

@@ -135,7 +135,18 @@ class Cut:
 class _Outgoing:
     event_no: int
     barrier: int
-    frame: api.FollowResponse
+    skeleton: api.FollowResponse
+    # A batch's message rows, converted into the frame only once somebody needs it: with nobody
+    # following, appends never pay for building frames.
+    rows: list[dict[str, Any]] | None = None
+
+    @property
+    def frame(self) -> api.FollowResponse:
+        """The complete frame."""
+        if self.rows is not None:
+            self.skeleton.batch.messages.extend(convert.message(row) for row in self.rows)
+            self.rows = None
+        return self.skeleton
 
 
 class SessionPublisher:
@@ -171,13 +182,16 @@ class SessionPublisher:
             prompts[prompt_id] = prompt
         self.runtime_state = state
         self.prompts: dict[str, fpb.PendingPrompt] = prompts
+        # JSON forms persisted with every batch, recomputed only when they change.
+        self._runtime_json: dict[str, Any] = binding.runtime_state
+        self._prompts_json: dict[str, dict[str, Any]] = binding.pending_prompts
         self.attempts: dict[str, Attempt] = {}
         self.view = DeliveredView(self.commit_seq, fpb.RuntimeState(), {}, {})
         self.view.runtime_state.CopyFrom(state)
         self.view.prompts = dict(prompts)
         self._event_no = 0
         self._outbox: deque[_Outgoing] = deque()
-        self._replay: deque[tuple[int, api.FollowResponse]] = deque(maxlen=replay_frames)
+        self._replay: deque[tuple[int, _Outgoing]] = deque(maxlen=replay_frames)
         self._subscribers: set[Subscription] = set()
         self._pending: list[persistence.PersistBatch] = []
         self._ids: deque[int] = deque()
@@ -253,16 +267,16 @@ class SessionPublisher:
         self.commit_seq = seq
         if runtime_state is not None:
             self.runtime_state = runtime_state
-        for prompt in prompts_upserted:
-            self.prompts[prompt.prompt_id] = prompt
-        for resolved in prompts_resolved:
-            self.prompts.pop(resolved, None)
+            self._runtime_json = json_format.MessageToDict(runtime_state)
+        if prompts_upserted or prompts_resolved:
+            for prompt in prompts_upserted:
+                self.prompts[prompt.prompt_id] = prompt
+            for resolved in prompts_resolved:
+                self.prompts.pop(resolved, None)
+            self._prompts_json = {k: json_format.MessageToDict(v) for k, v in self.prompts.items()}
         self._pending.append(
             persistence.PersistBatch(
-                seq=seq,
-                rows=stored,
-                runtime_state=json_format.MessageToDict(self.runtime_state),
-                pending_prompts={k: json_format.MessageToDict(v) for k, v in self.prompts.items()},
+                seq=seq, rows=stored, runtime_state=self._runtime_json, pending_prompts=self._prompts_json
             )
         )
         self._wake_flusher.set()
@@ -270,7 +284,6 @@ class SessionPublisher:
             batch = fpb.BatchFrame(
                 base_seq=seq - 1,
                 seq=seq,
-                messages=[convert.message(row) for row in stored],
                 runtime_state=runtime_state,
                 prompts_upserted=prompts_upserted,
                 prompts_resolved=prompts_resolved,
@@ -281,7 +294,7 @@ class SessionPublisher:
         else:
             watermark = fpb.WatermarkFrame(base_seq=seq - 1, seq=seq)
             frame = api.FollowResponse(generation=self.generation, watermark=watermark)
-        self._emit(frame, barrier=seq if terminal else 0)
+        self._emit(frame, barrier=seq if terminal else 0, rows=stored or None)
         return seq, [int(row["message_id"]) for row in stored]
 
     def open_attempt(self, ref: fpb.AttemptRef) -> None:
@@ -407,19 +420,20 @@ class SessionPublisher:
 
     # Fan-out
 
-    def _emit(self, frame: api.FollowResponse, barrier: int = 0) -> None:
+    def _emit(self, frame: api.FollowResponse, barrier: int = 0, rows: list[dict[str, Any]] | None = None) -> None:
         self._event_no += 1
-        self._outbox.append(_Outgoing(self._event_no, barrier, frame))
+        self._outbox.append(_Outgoing(self._event_no, barrier, frame, rows))
         self._drain()
 
     def _drain(self) -> None:
         while self._outbox and self._outbox[0].barrier <= self.durable_seq:
             item = self._outbox.popleft()
-            self.view.apply(item.frame)
+            # The view needs no message bodies: the skeleton is enough.
+            self.view.apply(item.skeleton)
             self.view.event_no = item.event_no
-            kind = item.frame.WhichOneof("frame")
+            kind = item.skeleton.WhichOneof("frame")
             if kind in ("batch", "watermark", "settlement"):
-                self._replay.append((self.view.seq, item.frame))
+                self._replay.append((self.view.seq, item))
             for subscriber in list(self._subscribers):
                 subscriber.offer(item.event_no, item.frame)
                 if subscriber.ended:
@@ -438,7 +452,7 @@ class SessionPublisher:
             runtime_state=_copy(view.runtime_state),
             prompts=list(view.prompts.values()),
             prefixes=[attempt.prefix() for attempt in view.prefixes.values()],
-            replay=[frame for _, frame in self._replay],
+            replay=[item.frame for _, item in self._replay],
             replay_first_seq=self._replay[0][0] if self._replay else view.seq + 1,
         )
         return subscription, cut
