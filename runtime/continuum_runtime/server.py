@@ -70,12 +70,21 @@ async def start_server(
     tracer_provider: TracerProvider,
     cleanups: Sequence[Cleanup] = (),
     drains: Sequence[Cleanup] = (),
+    untraced_streams: Sequence[str] = (),
 ) -> GrpcService:
     """Build and start the server; `register` adds servicers and returns their full service names."""
     interceptors: list[grpc.aio.ServerInterceptor] = [
         aio_server_interceptor(  # type: ignore[no-untyped-call]
             tracer_provider=tracer_provider,
-            filter_=filters.negate(filters.any_of(filters.health_check(), filters.service_prefix("grpc.reflection"))),
+            filter_=filters.negate(
+                filters.any_of(
+                    filters.health_check(),
+                    filters.service_prefix("grpc.reflection"),
+                    # The interceptor fails to detach its context when a long-lived stream is
+                    # cancelled (every follower disconnect), and a span per stream says little.
+                    *(filters.method_name(name) for name in untraced_streams),
+                )
+            ),
         ),
         AuthInterceptor(settings.service_token.get_secret_value()),
         ErrorMappingInterceptor(),

@@ -169,26 +169,13 @@ async def persist(database: Database, session_id: str, generation: int, batches:
         async with database.connection() as connection:
             raw = await connection.get_raw_connection()
             driver: Any = raw.driver_connection
-            held = await driver.fetchval(
-                _PERSIST_FENCED,
-                session_id,
-                generation,
-                last.seq,
-                json.dumps(last.runtime_state),
-                json.dumps(last.pending_prompts),
-                now_ms(),
-                [row["message_id"] for row in rows],
-                [row["session_id"] for row in rows],
-                [row["role"] for row in rows],
-                [json.dumps(row["content"]) for row in rows],
-                [json.dumps(row["tool_calls"]) for row in rows],
-                [row["tool_call_id"] for row in rows],
-                [json.dumps(row["metadata"]) for row in rows],
-                [row["status"] for row in rows],
-                [row["deleted"] for row in rows],
-                [row["create_ms"] for row in rows],
-                [row["commit_seq"] for row in rows],
-            )
+            try:
+                held = await _fetch_fenced(driver, session_id, generation, last, rows)
+            except Exception:
+                # Straight driver calls bypass the pool's disconnect detection: a connection that
+                # failed here must not be handed out again.
+                await connection.invalidate()
+                raise
         return bool(held)
     async with database.transaction() as connection:
         fenced = await connection.execute(
@@ -208,3 +195,28 @@ async def persist(database: Database, session_id: str, generation: int, batches:
         if rows:
             await connection.execute(insert(messages), rows)
     return True
+
+
+async def _fetch_fenced(
+    driver: Any, session_id: str, generation: int, last: PersistBatch, rows: list[dict[str, Any]]
+) -> Any:
+    return await driver.fetchval(
+        _PERSIST_FENCED,
+        session_id,
+        generation,
+        last.seq,
+        json.dumps(last.runtime_state),
+        json.dumps(last.pending_prompts),
+        now_ms(),
+        [row["message_id"] for row in rows],
+        [row["session_id"] for row in rows],
+        [row["role"] for row in rows],
+        [json.dumps(row["content"]) for row in rows],
+        [json.dumps(row["tool_calls"]) for row in rows],
+        [row["tool_call_id"] for row in rows],
+        [json.dumps(row["metadata"]) for row in rows],
+        [row["status"] for row in rows],
+        [row["deleted"] for row in rows],
+        [row["create_ms"] for row in rows],
+        [row["commit_seq"] for row in rows],
+    )

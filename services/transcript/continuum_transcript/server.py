@@ -62,4 +62,5 @@ async def start(settings: TranscriptSettings) -> GrpcService:
         tracer_provider=tracer_provider(SERVICE_NAME),
         cleanups=[database.dispose],
         drains=[drain_publishers],
+        untraced_streams=["Follow", "WatchSessionEvents"],
     )

@@ -133,3 +133,60 @@ async def running_transcript(tmp_path: Path, database_url: str, **overrides: obj
     finally:
         await channel.close()
         await service.stop(grace=0)
+
+
+class TcpProxy:
+    """A loopback TCP proxy that can cut a service off (e.g. the database) and bring it back."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self._target = (target_host, target_port)
+        self._server: asyncio.Server | None = None
+        self._links: set[asyncio.StreamWriter] = set()
+        self.up = True
+        self.port = 0
+
+    async def start(self) -> None:
+        """Listen on a free loopback port."""
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.up:
+            writer.close()
+            return
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection(*self._target)
+        except OSError:
+            writer.close()
+            return
+        self._links.update({writer, upstream_writer})
+        await asyncio.gather(self._pipe(reader, upstream_writer), self._pipe(upstream_reader, writer))
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self._links.discard(writer)
+            writer.close()
+
+    def cut(self) -> None:
+        """Drop every connection and refuse new ones until `restore()`."""
+        self.up = False
+        for writer in list(self._links):
+            writer.transport.abort()
+        self._links.clear()
+
+    def restore(self) -> None:
+        """Accept connections again."""
+        self.up = True
+
+    async def close(self) -> None:
+        """Stop listening and drop everything."""
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()

@@ -1,0 +1,204 @@
+"""Follow under failure: the database going away mid-stream, and the process killed with SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import grpc
+import pytest
+from transcript_testing import SERVICE_TOKEN, Follower, TcpProxy, assistant, kinds, running_transcript, user
+
+from continuum.transcript.v1 import follow_pb2 as fpb
+from continuum.transcript.v1 import transcript_service_pb2 as api
+from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
+from continuum_runtime.auth import call_metadata
+from continuum_runtime.channels import open_channel
+
+
+def _through(url: str, port: int) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"{parts.username}@127.0.0.1:{port}"))
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+async def test_database_down_keeps_output_reports_and_catches_up(tmp_path: Path, database_url: str) -> None:
+    target = urlsplit(database_url)
+    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5432)
+    await proxy.start()
+    try:
+        async with running_transcript(tmp_path, _through(database_url, proxy.port)) as client:
+            alice = client.as_user("alice")
+            await client.stub.CreateSession(api.CreateSessionRequest(session_id="s"), metadata=alice)
+            await client.stub.AppendMessages(
+                api.AppendMessagesRequest(session_id="s", messages=[user("go")]), metadata=alice
+            )
+            follower = Follower(client, "s")
+            await follower.until("snapshot_end")
+            ref = fpb.AttemptRef(message_key="m", attempt=1)
+            await client.stub.OpenAttempt(api.OpenAttemptRequest(session_id="s", attempt=ref), metadata=alice)
+            proxy.cut()
+            await client.stub.AppendChunks(
+                api.AppendChunksRequest(session_id="s", attempt=ref, first_chunk_index=0, chunks=["streams on"]),
+                metadata=alice,
+            )
+            committed = await client.stub.CommitAttempt(
+                api.CommitAttemptRequest(session_id="s", attempt=ref, message=assistant("streams on")),
+                metadata=alice,
+            )
+            done = fpb.RuntimeState(state=fpb.RUN_STATE_IDLE)
+
+            async def finish_turn() -> api.PublishBatchResponse:
+                request = api.PublishBatchRequest(
+                    session_id="s", operations=[api.BatchOperation(runtime_state=done)], terminal=True
+                )
+                response: api.PublishBatchResponse = await client.stub.PublishBatch(request, metadata=alice)
+                return response
+
+            finished = asyncio.create_task(finish_turn())
+            during = await follower.until("recovery_failure", seconds=20)
+            # The output stays visible; no settlement and no terminal batch before disk has them.
+            assert kinds(during) == ["attempt_opened", "chunk", "batch", "recovery_failure"]
+            assert during[2].batch.messages[0].message_id == committed.message_id
+            await asyncio.sleep(0.5)
+            assert not finished.done()
+            proxy.restore()
+            after = await follower.until("recovered", seconds=30)
+            after += [await follower.next(seconds=30) for _ in range(2)]
+            assert "settlement" in kinds(after) and kinds(after)[-1] == "batch"
+            assert after[-1].batch.runtime_state.state == fpb.RUN_STATE_IDLE
+            assert (await finished).seq == after[-1].batch.seq
+            stored = await client.stub.GetMessage(
+                api.GetMessageRequest(session_id="s", message_id=committed.message_id), metadata=alice
+            )
+            assert stored.message.content[0].text == "streams on"
+            follower.close()
+    finally:
+        await proxy.close()
+
+
+async def _serve(data_dir: Path, database_url: str) -> tuple[asyncio.subprocess.Process, int]:
+    port_file = data_dir / "run" / "transcript.port"
+    port_file.unlink(missing_ok=True)
+    env = {
+        **os.environ,
+        "TRANSCRIPT_DATA_DIR": str(data_dir),
+        "TRANSCRIPT_DATABASE_URL": database_url,
+        "TRANSCRIPT_PORT": "0",
+        "TRANSCRIPT_SERVICE_TOKEN": SERVICE_TOKEN,
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "continuum_transcript", "serve", env=env, stderr=asyncio.subprocess.DEVNULL
+    )
+    for _ in range(400):
+        if port_file.exists():
+            return process, int(port_file.read_text())
+        await asyncio.sleep(0.05)
+    process.kill()
+    raise AssertionError("transcript did not start")
+
+
+async def _runtime(stub: api_grpc.TranscriptServiceStub, acknowledged: list[int], enough: asyncio.Event) -> None:
+    """An agent loop: stream an attempt, commit it, finish the turn; until the process dies."""
+    alice = call_metadata(SERVICE_TOKEN, "alice")
+    try:
+        for turn in range(10_000):
+            response = await stub.AppendMessages(
+                api.AppendMessagesRequest(session_id="s", messages=[user(f"q{turn}")]), metadata=alice
+            )
+            acknowledged.extend(response.message_ids)
+            ref = fpb.AttemptRef(message_key=f"a{turn}", attempt=1)
+            await stub.OpenAttempt(api.OpenAttemptRequest(session_id="s", attempt=ref), metadata=alice)
+            for index in range(5):
+                await stub.AppendChunks(
+                    api.AppendChunksRequest(session_id="s", attempt=ref, first_chunk_index=index, chunks=[f"{index} "]),
+                    metadata=alice,
+                )
+            await stub.CommitAttempt(
+                api.CommitAttemptRequest(session_id="s", attempt=ref, message=assistant("0 1 2 3 4 ")), metadata=alice
+            )
+            idle = api.BatchOperation(runtime_state=fpb.RuntimeState(state=fpb.RUN_STATE_IDLE))
+            await stub.PublishBatch(
+                api.PublishBatchRequest(session_id="s", operations=[idle], terminal=True), metadata=alice
+            )
+            if turn >= 5:
+                enough.set()
+    except grpc.aio.AioRpcError:
+        return
+
+
+async def test_sigkill_mid_stream_loses_nothing_persisted_and_never_completes_the_unpersisted(
+    tmp_path: Path, database_url: str
+) -> None:
+    process, port = await _serve(tmp_path, database_url)
+    channel = open_channel(f"127.0.0.1:{port}")
+    stub = api_grpc.TranscriptServiceStub(channel)
+    alice = call_metadata(SERVICE_TOKEN, "alice")
+    seen: list[api.FollowResponse] = []
+    acknowledged: list[int] = []
+    try:
+        await stub.CreateSession(api.CreateSessionRequest(session_id="s"), metadata=alice)
+        stream = stub.Follow(api.FollowRequest(session_id="s", capabilities=["transcript-v2"]), metadata=alice)
+
+        async def follow() -> None:
+            try:
+                async for frame in stream:
+                    seen.append(frame)
+            except grpc.aio.AioRpcError:
+                return
+
+        follower = asyncio.create_task(follow())
+        enough = asyncio.Event()
+        runtime = asyncio.create_task(_runtime(stub, acknowledged, enough))
+        await asyncio.wait_for(enough.wait(), 60)
+        process.send_signal(signal.SIGKILL)
+        await process.wait()
+        await asyncio.wait_for(asyncio.gather(follower, runtime), 30)
+    finally:
+        await channel.close()
+        if process.returncode is None:
+            process.kill()
+    old_generation = seen[0].generation
+    last_seq = max((f.batch.seq for f in seen if f.HasField("batch")), default=0)
+
+    process, port = await _serve(tmp_path, database_url)
+    channel = open_channel(f"127.0.0.1:{port}")
+    stub = api_grpc.TranscriptServiceStub(channel)
+    try:
+        again = stub.Follow(
+            api.FollowRequest(
+                session_id="s",
+                capabilities=["transcript-v2"],
+                resume=fpb.FollowCursor(generation=old_generation, seq=last_seq),
+            ),
+            metadata=alice,
+        )
+        handshake = await again.read()
+        assert handshake.handshake.mode == fpb.FOLLOW_MODE_BASELINE, "a new process is a new generation"
+        assert handshake.generation > old_generation
+        again.cancel()
+        stored: dict[int, str] = {}
+        token = ""
+        while True:
+            page = await stub.ListMessagesAfter(
+                api.ListMessagesAfterRequest(session_id="s", page_token=token), metadata=alice
+            )
+            stored.update({m.message_id: m.content[0].text for m in page.messages})
+            token = page.next_page_token
+            if not token:
+                break
+    finally:
+        await channel.close()
+        process.send_signal(signal.SIGTERM)
+        await process.wait()
+    assert set(acknowledged) <= set(stored), "a durably acknowledged message was lost"
+    settled = [f.settlement.message_id for f in seen if f.HasField("settlement")]
+    assert settled and set(settled) <= set(stored), "a completion was published for unpersisted content"
+    terminal_seqs = [
+        f.batch.seq for f in seen if f.HasField("batch") and f.batch.runtime_state.state == fpb.RUN_STATE_IDLE
+    ]
+    assert terminal_seqs and max(terminal_seqs) <= handshake.handshake.durable_seq
