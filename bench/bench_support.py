@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,8 +47,9 @@ def log(message: str) -> None:
     print(f"[{time.perf_counter() - _STARTED:7.1f}s] {message}", flush=True)
 
 
-def parse_args(description: str) -> argparse.Namespace:
-    """Common command line: `--database-url` (admin URL of a server where we may create databases)."""
+def parse_args(description: str, extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+    """Common command line: `--database-url` (admin URL of a server where we may create databases);
+    `extra` may add a benchmark's own options."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--database-url",
@@ -56,6 +57,8 @@ def parse_args(description: str) -> argparse.Namespace:
         help="admin URL (libpq or postgresql+asyncpg) of the PostgreSQL server; default: %(default)s",
     )
     parser.add_argument("--seed", type=int, default=20251130, help="seed of the synthetic data")
+    if extra is not None:
+        extra(parser)
     return parser.parse_args()
 
 
@@ -108,6 +111,8 @@ class TranscriptClient:
     channel: grpc.aio.Channel
     metadata: tuple[tuple[str, str], ...]
     server_pid: int
+    # host:port of the server process (for other processes that connect to it).
+    address: str = ""
 
     async def create_session(self, session_id: str, title: str) -> str:
         """Create a session through the API (so its row is exactly what the service writes)."""
@@ -149,12 +154,63 @@ async def transcript_server(database: BenchDatabase) -> AsyncIterator[Transcript
                     channel,
                     call_metadata(SERVICE_TOKEN, BENCH_USER),
                     process.pid,
+                    f"127.0.0.1:{port}",
                 )
             finally:
                 await channel.close()
         finally:
             if process.returncode is None:
                 log(f"transcript server used {process_cpu_seconds(process.pid):.1f} s of CPU")
+                process.terminate()
+                await process.wait()
+
+
+@dataclass(frozen=True)
+class GatewayProcess:
+    """The gateway running as its own process: where it listens and the bearer token it accepts."""
+
+    host: str
+    port: int
+    pid: int
+    # The development bearer token (acting user `GATEWAY_DEV_USER`).
+    token: str
+
+
+# The user the gateway's development token acts as (continuum_gateway.settings.DEV_USER).
+GATEWAY_DEV_USER = "dev"
+GATEWAY_DEV_TOKEN = "bench-dev-token"
+
+
+@asynccontextmanager
+async def gateway_server(transcript_address: str) -> AsyncIterator[GatewayProcess]:
+    """The real HTTP/WebSocket gateway (`python -m continuum_gateway`) as its own process on port 0,
+    pointed at a transcript process with the benchmark's service token and a development token."""
+    with tempfile.TemporaryDirectory(prefix="continuum-bench-gateway-") as data_dir:
+        port_file = Path(data_dir) / "run" / "gateway.port"
+        env = {
+            **os.environ,
+            "GATEWAY_HOST": "127.0.0.1",
+            "GATEWAY_PORT": "0",
+            "GATEWAY_DATA_DIR": data_dir,
+            "GATEWAY_TRANSCRIPT_ADDRESS": transcript_address,
+            "GATEWAY_SERVICE_TOKEN": SERVICE_TOKEN,
+            "GATEWAY_DEV_TOKEN": GATEWAY_DEV_TOKEN,
+            "GATEWAY_LOG_LEVEL": "WARNING",
+        }
+        process = await asyncio.create_subprocess_exec(sys.executable, "-m", "continuum_gateway", env=env)
+        try:
+            for _ in range(600):
+                if port_file.exists() or process.returncode is not None:
+                    break
+                await asyncio.sleep(0.05)
+            if not port_file.exists():
+                raise RuntimeError("the gateway did not start")
+            port = int(port_file.read_text())
+            log(f"gateway (pid {process.pid}) listening on 127.0.0.1:{port}")
+            yield GatewayProcess("127.0.0.1", port, process.pid, GATEWAY_DEV_TOKEN)
+        finally:
+            if process.returncode is None:
+                log(f"gateway used {process_cpu_seconds(process.pid):.1f} s of CPU")
                 process.terminate()
                 await process.wait()
 
@@ -279,11 +335,20 @@ def percentile(samples: Sequence[float], fraction: float) -> float:
 
 
 def emit_result(
-    *, metric: str, value: float, baseline: float, target: float, unit: str, higher_is_better: bool, **extra: Any
+    *,
+    metric: str,
+    value: float,
+    baseline: float,
+    target: float,
+    unit: str,
+    higher_is_better: bool,
+    valid: bool = True,
+    **extra: Any,
 ) -> None:
-    """Print the one-line JSON result (always the last line of a benchmark's output)."""
+    """Print the one-line JSON result (always the last line of a benchmark's output). `valid`
+    False (e.g. a follower missed messages) means the target is not met whatever the ratio."""
     ratio = value / baseline if baseline else math.inf
-    met = ratio >= target if higher_is_better else ratio <= target
+    met = valid and (ratio >= target if higher_is_better else ratio <= target)
     result = {
         "metric": metric,
         "value": round(value, 3),

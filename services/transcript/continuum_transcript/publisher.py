@@ -111,6 +111,9 @@ class Subscription:
 
     async def next(self, seconds: float) -> tuple[int, api.FollowResponse] | None:
         """The next frame, or None after `seconds` of quiet (time for a heartbeat)."""
+        if not self._queue.empty():
+            # The common case under load: no timer task per frame.
+            return self._queue.get_nowait()
         try:
             return await asyncio.wait_for(self._queue.get(), seconds)
         except TimeoutError:
