@@ -1,0 +1,267 @@
+"""Model-based test of Follow v2 (hypothesis stateful, seeded): random appends (visible and
+invisible), attempts, chunks, commits, cancels, retries, edits, publisher restarts, and slow or
+reconnecting followers against the real server and the real Follow client.
+
+At every watermark each follower's installed view must equal a read of the durable store at that
+sequence plus the open attempts' prefixes; chunks are applied exactly once (prefix texts match);
+generations never go back; and resyncs never cause model requests (only the runtime makes them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from follow_testing import FAST, Live, assistant, settings, sqlite_url, texts, user
+from hypothesis import HealthCheck, assume
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from continuum.transcript.v1 import follow_pb2 as fpb
+from continuum.transcript.v1 import resources_pb2 as pb
+from continuum.transcript.v1 import transcript_service_pb2 as api
+from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
+from continuum_follow import FollowClient
+from continuum_runtime.channels import open_channel
+from continuum_runtime.server import GrpcService
+from continuum_transcript.server import start
+
+T = TypeVar("T")
+FOLLOWERS = 3
+KEYS = ("a", "b")
+
+
+@dataclass
+class OpenAttempt:
+    """The model of an open sampling attempt."""
+
+    attempt: int
+    chunks: list[str] = field(default_factory=list)
+
+
+class Watched:
+    """A follower whose consumption can be paused (a slow reader) and whose stream can drop."""
+
+    def __init__(self, client: FollowClient) -> None:
+        self.client = client
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.highest_generation = 0
+        self.task = asyncio.get_running_loop().create_task(self._consume())
+
+    async def _consume(self) -> None:
+        async for _ in self.client.updates():
+            cursor = self.client.store.cursor
+            if cursor is not None:
+                assert cursor.generation >= self.highest_generation, "a follower's generation went back"
+                self.highest_generation = cursor.generation
+            await self.gate.wait()
+
+
+class FollowModel(RuleBasedStateMachine):
+    """The runtime publishes at random; followers must always converge on the durable truth."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.directory = Path(tempfile.mkdtemp(prefix="follow-model-"))
+        self.attempts: dict[str, OpenAttempt] = {}
+        self.model_requests = 0
+        self.attempts_opened = 0
+        self.port = 0
+        self.service: GrpcService | None = None
+        self.session_id = "model"
+        self.followers: list[Watched] = []
+        self.user_messages: list[int] = []
+        self.counter = 0
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run the event loop world until `coroutine` is done."""
+        return self.loop.run_until_complete(coroutine)
+
+    async def _start(self) -> None:
+        config = settings(
+            self.directory,
+            sqlite_url(self.directory),
+            port=self.port,
+            follow_queue_bound=16,
+            follow_replay_frames=16,
+            follow_heartbeat_seconds=0.05,
+        )
+        self.service = await start(config)
+        self.port = self.service.port
+
+    @initialize()
+    def start_everything(self) -> None:
+        async def begin() -> None:
+            await self._start()
+            self.channel = open_channel(f"127.0.0.1:{self.port}")
+            self.live = Live(self.service, api_grpc.TranscriptServiceStub(self.channel))  # type: ignore[arg-type]
+            await self.live.stub.CreateSession(
+                api.CreateSessionRequest(session_id=self.session_id), metadata=self.live.metadata
+            )
+            self.followers = [Watched(self.live.follower(self.session_id, backoff=FAST)) for _ in range(FOLLOWERS)]
+
+        self.run(begin())
+
+    # The runtime
+
+    @rule(visible=st.booleans())
+    def append(self, visible: bool) -> None:
+        self.counter += 1
+        if visible:
+            ids = self.run(self.live.append(self.session_id, user(f"u{self.counter}")))
+            self.user_messages += ids
+        else:
+            self.run(self.live.publish(self.session_id))
+
+    @rule(
+        state=st.sampled_from([fpb.RUN_STATE_IDLE, fpb.RUN_STATE_RUNNING, fpb.RUN_STATE_WAITING]),
+        terminal=st.booleans(),
+    )
+    def runtime_state(self, state: int, terminal: bool) -> None:
+        operation = api.BatchOperation(runtime_state=fpb.RuntimeState(state=state))  # type: ignore[arg-type]
+        self.run(self.live.publish(self.session_id, operation, terminal=terminal))
+
+    @rule(key=st.sampled_from(KEYS))
+    def open_or_retry(self, key: str) -> None:
+        current = self.attempts.get(key)
+        attempt = current.attempt + 1 if current else 1
+        self.run(self.live.open(self.session_id, key, attempt))
+        self.attempts[key] = OpenAttempt(attempt)
+        # Opening an attempt is the only thing that stands for a model request.
+        self.model_requests += 1
+        self.attempts_opened += 1
+
+    @rule(
+        key=st.sampled_from(KEYS), pieces=st.lists(st.text("abc xyz", min_size=1, max_size=4), min_size=1, max_size=3)
+    )
+    def chunks(self, key: str, pieces: list[str]) -> None:
+        current = self.attempts.get(key)
+        assume(current is not None)
+        assert current is not None
+        self.run(self.live.chunks(self.session_id, key, current.attempt, len(current.chunks), *pieces))
+        current.chunks += pieces
+
+    @rule(key=st.sampled_from(KEYS), cancel=st.booleans())
+    def finish(self, key: str, cancel: bool) -> None:
+        current = self.attempts.pop(key, None)
+        assume(current is not None)
+        assert current is not None
+        if cancel:
+            self.run(self.live.cancel(self.session_id, key, current.attempt))
+        else:
+            self.run(self.live.commit(self.session_id, key, current.attempt, assistant("".join(current.chunks) or "-")))
+
+    @precondition(lambda self: bool(self.user_messages))
+    @rule(data=st.data())
+    def edit(self, data: st.DataObject) -> None:
+        target = data.draw(st.sampled_from(self.user_messages))
+        request = api.EditUserMessageRequest(
+            session_id=self.session_id, message_id=target, content=[pb.ContentPart(text="edited")]
+        )
+        self.run(self.live.stub.EditUserMessage(request, metadata=self.live.metadata))
+        self.user_messages = [m for m in self.user_messages if m <= target]
+        self.attempts.clear()
+
+    @rule()
+    def restart_publisher(self) -> None:
+        async def restart() -> None:
+            assert self.service is not None
+            await self.service.stop(grace=0)
+            await self._start()
+            # The runtime waits for its connection to come back before publishing again.
+            await asyncio.wait_for(self.channel.channel_ready(), 20)
+
+        self.run(restart())
+        self.attempts.clear()
+
+    # The followers
+
+    @rule(index=st.integers(0, FOLLOWERS - 1))
+    def disconnect(self, index: int) -> None:
+        self.followers[index].client.disconnect()
+
+    @rule(index=st.integers(0, FOLLOWERS - 1), slow=st.booleans())
+    def pace(self, index: int, slow: bool) -> None:
+        gate = self.followers[index].gate
+        gate.clear() if slow else gate.set()
+
+    # The invariants, checked at a watermark
+
+    @invariant()
+    def followers_converge_on_the_durable_store(self) -> None:
+        if not self.followers:
+            return
+        self.run(self._check_watermark())
+
+    async def _check_watermark(self) -> None:
+        for follower in self.followers:
+            follower.gate.set()
+        probe = await self.live.stub.PublishBatch(
+            api.PublishBatchRequest(session_id=self.session_id, wait_durable=True), metadata=self.live.metadata
+        )
+        target = (probe.generation, probe.seq)
+        deadline = self.loop.time() + 20
+        while True:
+            cursors = [f.client.store.cursor for f in self.followers]
+            if all(
+                c is not None and (c.generation, c.seq) >= target and f.client.store.live
+                for c, f in zip(cursors, self.followers, strict=True)
+            ):
+                break
+            assert self.loop.time() < deadline, f"followers did not reach {target}: {cursors}"
+            await asyncio.sleep(0.01)
+        durable = await self.live.server_messages(self.session_id)
+        expected_prefixes = {key: "".join(a.chunks) for key, a in self.attempts.items()}
+        for follower in self.followers:
+            store = follower.client.store
+            mine = store.ordered_messages()
+            assert mine == durable[-len(mine) :] if mine else not durable
+            assert len(mine) >= min(len(durable), 32), "the installed view lost part of the last page"
+            prefixes = {key: prefix.text for key, prefix in store.prefixes.items()}
+            assert prefixes == expected_prefixes, (prefixes, expected_prefixes)
+            assert texts(store) == [m.content[0].text if m.content else "" for m in mine]
+        # Resyncs and re-follows never stand for model requests.
+        assert self.model_requests == self.attempts_opened
+
+    def teardown(self) -> None:
+        async def end() -> None:
+            for follower in self.followers:
+                follower.client.stop()
+            await asyncio.gather(*(f.task for f in self.followers), return_exceptions=True)
+            await self.channel.close()
+            if self.service is not None:
+                await self.service.stop(grace=0)
+
+        if self.followers:
+            self.run(end())
+        self.loop.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def test_followers_always_converge_on_the_durable_store() -> None:
+    run_state_machine_as_test(
+        FollowModel,
+        settings=hypothesis_settings(
+            max_examples=12,
+            stateful_step_count=20,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )
