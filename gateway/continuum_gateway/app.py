@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
-from continuum_gateway import capabilities, follow, health, messages, outline, sessions, upstream
+from continuum_gateway import capabilities, follow, follow_hub, health, messages, outline, sessions, upstream
 from continuum_gateway.access_log import AccessLogMiddleware
 from continuum_gateway.auth import Authenticator, AuthMiddleware
 from continuum_gateway.body_limit import BodyLimitMiddleware
@@ -35,9 +35,15 @@ def create_app(settings: GatewaySettings) -> Starlette:
         logger.warning("no service token configured: the services will refuse every call")
 
     @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, upstream.Upstreams]]:
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, object]]:
         async with upstream.connect(settings) as upstreams:
-            yield {upstream.STATE_KEY: upstreams}
+            # Shared Follow streams keep recent frames for browsers switching over from their own
+            # baseline; more than a browser's whole buffer would only end in its overflow.
+            hubs = follow_hub.Hubs(recent_frames=settings.follow_buffer_frames)
+            try:
+                yield {upstream.STATE_KEY: upstreams, follow_hub.STATE_KEY: hubs}
+            finally:
+                await hubs.close()
 
     return Starlette(
         routes=[

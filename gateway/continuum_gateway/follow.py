@@ -64,12 +64,11 @@ from google.protobuf import json_format
 from starlette.routing import WebSocketRoute, compile_path
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from continuum.transcript.v1 import follow_pb2, transcript_service_pb2
+from continuum.transcript.v1 import transcript_service_pb2
 from continuum_gateway.auth import acting_user
 from continuum_gateway.capabilities import TRANSCRIPT_V2
 from continuum_gateway.errors import (
     UPGRADE_REQUIRED,
-    WEBSOCKET_CLOSE_CODE,
     GatewayError,
     UpstreamError,
     body_close_code,
@@ -77,7 +76,16 @@ from continuum_gateway.errors import (
     upstream_error_body,
     websocket_error_message,
 )
-from continuum_gateway.protojson import to_json
+from continuum_gateway.follow_hub import (
+    STATE_KEY,
+    AlignKey,
+    Close,
+    Hub,
+    Hubs,
+    Outbox,
+    alignment_key,
+    frame_message,
+)
 from continuum_gateway.settings import GatewaySettings
 from continuum_gateway.upstream import TRANSCRIPT, Upstreams, upstreams_of
 
@@ -88,9 +96,6 @@ FOLLOW_PATH = "/v1/sessions/{session_id}/follow"
 FOLLOW_PATH_PATTERN = compile_path(FOLLOW_PATH)[0]
 # The subprotocol a browser offers beside its credential, and the one the gateway selects.
 FOLLOW_SUBPROTOCOL = "continuum.follow.v1"
-NORMAL_CLOSURE = WEBSOCKET_CLOSE_CODE[grpc.StatusCode.OK]
-# A browser too slow for its stream: RESOURCE_EXHAUSTED's close code (4429).
-OVERFLOW_CLOSE_CODE = WEBSOCKET_CLOSE_CODE[grpc.StatusCode.RESOURCE_EXHAUSTED]
 # Bounds of the hello: a capability list is a handful of short names.
 MAX_CAPABILITIES = 32
 MAX_CAPABILITY_LENGTH = 64
@@ -105,6 +110,7 @@ class FollowOptions:
     buffer_chars: int
     hello_timeout: float
     close_timeout: float
+    share_upstreams: bool
 
     @classmethod
     def from_settings(cls, settings: GatewaySettings) -> FollowOptions:
@@ -114,27 +120,8 @@ class FollowOptions:
             buffer_chars=settings.follow_buffer_chars,
             hello_timeout=settings.follow_hello_timeout_seconds,
             close_timeout=settings.follow_close_timeout_seconds,
+            share_upstreams=settings.follow_share_upstreams,
         )
-
-
-def _dumps(message: dict[str, Any]) -> str:
-    return json.dumps(message, separators=(",", ":"), ensure_ascii=False)
-
-
-def frame_message(frame: transcript_service_pb2.FollowResponse) -> str:
-    """One upstream frame as the browser's JSON text message."""
-    kind = frame.WhichOneof("frame")
-    name = frame.DESCRIPTOR.fields_by_name[kind].json_name if kind is not None else "unknown"
-    return _dumps({"type": name, **to_json(frame)})
-
-
-def overflow_message(generation: int) -> str:
-    """The gateway's own resync, sent in place of the frames a slow browser could not take."""
-    frame = transcript_service_pb2.FollowResponse(
-        generation=generation,
-        resync=follow_pb2.ResyncFrame(reason=follow_pb2.RESYNC_REASON_OVERFLOW, resumable=True),
-    )
-    return frame_message(frame)
 
 
 def parse_hello(text: str, session_id: str) -> transcript_service_pb2.FollowRequest:
@@ -184,129 +171,149 @@ def parse_hello(text: str, session_id: str) -> transcript_service_pb2.FollowRequ
 
 @dataclass(frozen=True)
 class _Upstream:
-    """The Follow call to make: on which upstreams, asking what, for whom."""
+    """The Follow call to make: on which upstreams, asking what, for whom, shared through which hubs."""
 
     upstreams: Upstreams
     request: transcript_service_pb2.FollowRequest
     user: str
-
-
-@dataclass(frozen=True)
-class _Close:
-    """The last item of an outbox: close the socket with this code."""
-
-    code: int
+    # None: every browser on its own upstream call (`GatewaySettings.follow_share_upstreams` off).
+    hubs: Hubs | None
 
 
 class _Relay:
-    """One browser's Follow: upstream frames into a bounded outbox, the outbox onto the socket.
+    """One browser's Follow: upstream frames into its bounded outbox, the outbox onto the socket.
 
-    Three tasks: the reader owns the gRPC stream and drains it, the sender writes to the socket (and
-    blocks while the browser does not read), the watcher notices the browser leaving. Whichever ends
-    first decides how the rest end. The upstream call lives exactly as long as the reader: it is
-    cancelled the moment the reader stops (stream over, browser gone, browser too slow).
+    Three tasks: the feeder fills the outbox (from a hub, or from the browser's own upstream call
+    until it can switch to one, see `follow_hub`), the sender writes to the socket (and blocks while
+    the browser does not read), the watcher notices the browser leaving. Whichever ends first decides
+    how the rest end. The browser's own upstream call lives exactly as long as its reader: it is
+    cancelled the moment the reader stops (stream over, browser gone or too slow, switched to a hub);
+    its place on a hub is given up the same way.
     """
 
     def __init__(self, websocket: WebSocket, upstream: _Upstream, options: FollowOptions) -> None:
         self.websocket = websocket
         self.upstream = upstream
         self.options = options
-        self.outbox: asyncio.Queue[str | _Close] = asyncio.Queue()
-        # Characters of the messages in the outbox (frames can be megabytes each).
-        self.queued_chars = 0
-        self.generation = 0
+        self.outbox = Outbox(options.buffer_frames, options.buffer_chars)
+        self.hub: Hub | None = None
         self.frames_sent = 0
-        self.outcome = "browser_closed"
         self.close_code: int | None = None
+        # The browser did not take the last frames and the close in time.
+        self.undelivered = False
+
+    @property
+    def outcome(self) -> str:
+        """How the stream ended, for the log."""
+        return self.outbox.outcome + ("_undelivered" if self.undelivered else "")
+
+    @property
+    def shared(self) -> bool:
+        """Whether a hub fed the browser in the end."""
+        return self.outbox.attached.is_set()
 
     async def run(self) -> None:
         """Relay until the stream ends, the browser leaves or falls behind; cancel what is left."""
-        reader = asyncio.create_task(self._read_upstream(), name="follow-upstream")
+        feeder = asyncio.create_task(self._feed(), name="follow-upstream")
         sender = asyncio.create_task(self._send_to_browser(), name="follow-send")
         watcher = asyncio.create_task(self._watch_browser(), name="follow-watch")
-        tasks = {reader, sender, watcher}
+        tasks = {feeder, sender, watcher}
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            if done == {reader}:
+            if done == {feeder}:
                 # The upstream part is over (end, error or overflow): give the browser a bounded
                 # time for the last frames and the close, unless it leaves first.
                 await asyncio.wait(
                     {sender, watcher}, timeout=self.options.close_timeout, return_when=asyncio.FIRST_COMPLETED
                 )
                 if not sender.done():
-                    self.outcome += "_undelivered"
+                    self.undelivered = True
         finally:
             for task in tasks:
                 task.cancel()
+            if self.hub is not None:
+                self.hub.leave(self.outbox)
             results = await asyncio.gather(*tasks, return_exceptions=True)
         for result in results:
             if isinstance(result, Exception) and not isinstance(result, WebSocketDisconnect):
                 logger.error("follow relay failed", exc_info=result)
 
-    async def _read_upstream(self) -> None:
+    async def _feed(self) -> None:
         try:
-            await self._relay_upstream()
+            await self._feed_outbox()
         except Exception:
             # The formatter records the exception type only: messages could quote content.
             logger.exception("follow relay failed")
-            self.outcome = "internal_error"
-            self._finish(internal_error_body())
+            self.outbox.fail(internal_error_body(), "internal_error")
 
-    async def _relay_upstream(self) -> None:
+    async def _feed_outbox(self) -> None:
+        """Until the outbox holds its close: from a hub, or first (or only) from a call of its own."""
         upstream = self.upstream
+        if upstream.hubs is None or upstream.request.HasField("resume"):
+            await self._read_own_call()
+            return
+        self.hub, created = upstream.hubs.join(upstream.upstreams, upstream.request, upstream.user, self.outbox)
+        if not created:
+            reader = asyncio.create_task(self._read_own_call(), name="follow-baseline")
+            attached = asyncio.create_task(self.outbox.attached.wait(), name="follow-attached")
+            try:
+                await asyncio.wait({reader, attached}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                reader.cancel()
+                attached.cancel()
+                failure, _ = await asyncio.gather(reader, attached, return_exceptions=True)
+            if isinstance(failure, Exception):
+                raise failure
+            if not self.outbox.attached.is_set():
+                return  # the browser's own stream ended it
+        await self.outbox.ended.wait()
+
+    async def _read_own_call(self) -> None:
+        """The browser's own upstream call into its outbox, until it ends or the browser switches to
+        the hub (`self.hub`; None: never)."""
+        upstream, outbox = self.upstream, self.outbox
+        live = False
         async with upstream.upstreams.follow_transcript(upstream.request, user=upstream.user) as call:
             try:
                 async for frame in call:
-                    self.generation = frame.generation
-                    message = frame_message(frame)
-                    if self._full(len(message)):
-                        self._overflow()
+                    if outbox.attached.is_set():
                         return
-                    self._put(message)
-                    if frame.WhichOneof("frame") == "resync":
-                        self.outcome = "resync"
+                    kind = frame.WhichOneof("frame")
+                    if not outbox.deliver(frame_message(frame, kind), frame.generation, kind):
+                        return  # overflow: the outbox holds the resync and the close
+                    if not live:
+                        live = kind == "snapshot_end"
+                    elif kind != "heartbeat" and self._switched(alignment_key(frame, kind)):
+                        return
             except grpc.aio.AioRpcError as error:
-                self.outcome = f"upstream_{error.code().name.lower()}"
-                self._finish(upstream_error_body(UpstreamError(TRANSCRIPT, error)))
+                if not outbox.attached.is_set():
+                    body = upstream_error_body(UpstreamError(TRANSCRIPT, error))
+                    outbox.fail(body, f"upstream_{error.code().name.lower()}")
                 return
-        if self.outcome != "resync":
-            self.outcome = "upstream_ended"
-        self.outbox.put_nowait(_Close(NORMAL_CLOSURE))
+        if not outbox.attached.is_set():
+            outbox.end()
 
-    def _full(self, chars: int) -> bool:
-        """Whether one more message would exceed the buffer (a lone message always fits)."""
-        if self.outbox.empty():
+    def _switched(self, key: AlignKey | None) -> bool:
+        """Offer the hub the suffix frame just relayed; True once the hub feeds the browser."""
+        hub = self.hub
+        if hub is None:
             return False
-        return (
-            self.outbox.qsize() >= self.options.buffer_frames or self.queued_chars + chars > self.options.buffer_chars
-        )
-
-    def _put(self, message: str) -> None:
-        self.queued_chars += len(message)
-        self.outbox.put_nowait(message)
-
-    def _finish(self, body: dict[str, Any]) -> None:
-        """End the stream with an error message and its close code, after what is queued."""
-        self.outbox.put_nowait(websocket_error_message(body))
-        self.outbox.put_nowait(_Close(body_close_code(body)))
-
-    def _overflow(self) -> None:
-        # Drop what the browser could not take: the resync tells it to re-follow from what it applied.
-        while not self.outbox.empty():
-            self.outbox.get_nowait()
-        self.queued_chars = 0
-        self.outcome = "overflow"
-        self.outbox.put_nowait(overflow_message(self.generation))
-        self.outbox.put_nowait(_Close(OVERFLOW_CLOSE_CODE))
+        if hub.over and self.upstream.hubs is not None:
+            # The hub ended (its stream's resync or error reached its browsers); a newer one may run.
+            successor = self.upstream.hubs.find(hub.key)
+            if successor is None:
+                return False
+            hub.leave(self.outbox)
+            self.hub = hub = successor
+        return hub.align(self.outbox, key)
 
     async def _send_to_browser(self) -> None:
         while True:
-            item = await self.outbox.get()
-            if isinstance(item, _Close):
+            item = await self.outbox.next()
+            if isinstance(item, Close):
                 await self.websocket.close(item.code)
                 self.close_code = item.code
                 return
-            self.queued_chars = max(0, self.queued_chars - len(item))
             await self.websocket.send_text(item)
             self.frames_sent += 1
 
@@ -316,6 +323,14 @@ class _Relay:
             if message["type"] == "websocket.disconnect":
                 return
             # Anything the browser sends after its hello is ignored (and never logged).
+
+
+def hubs_of(websocket: WebSocket) -> Hubs:
+    """The `Hubs` the lifespan put in the socket's state."""
+    hubs = getattr(websocket.state, STATE_KEY, None)
+    if not isinstance(hubs, Hubs):
+        raise RuntimeError("the gateway's lifespan did not run: no follow hubs in the socket state")
+    return hubs
 
 
 async def _receive_text(websocket: WebSocket) -> str:
@@ -346,7 +361,7 @@ async def follow(websocket: WebSocket, options: FollowOptions) -> None:
     fields: dict[str, Any] = {"user": user, "session_id": session_id, "route": FOLLOW_PATH}
     offered = websocket.scope.get("subprotocols", [])
     started = time.perf_counter()
-    outcome, code, frames = "browser_closed", None, 0
+    outcome, code, frames, shared = "browser_closed", None, 0, False
     try:
         await websocket.accept(subprotocol=FOLLOW_SUBPROTOCOL if FOLLOW_SUBPROTOCOL in offered else None)
         try:
@@ -360,9 +375,10 @@ async def follow(websocket: WebSocket, options: FollowOptions) -> None:
             ) from None
         request = parse_hello(text, session_id)
         logger.info("follow opened", extra={**fields, "resume": request.HasField("resume")})
-        relay = _Relay(websocket, _Upstream(upstreams_of(websocket), request, user), options)
+        hubs = hubs_of(websocket) if options.share_upstreams else None
+        relay = _Relay(websocket, _Upstream(upstreams_of(websocket), request, user, hubs), options)
         await relay.run()
-        outcome, code, frames = relay.outcome, relay.close_code, relay.frames_sent
+        outcome, code, frames, shared = relay.outcome, relay.close_code, relay.frames_sent, relay.shared
     except WebSocketDisconnect:
         pass
     except GatewayError as error:
@@ -376,7 +392,14 @@ async def follow(websocket: WebSocket, options: FollowOptions) -> None:
         duration_ms = round((time.perf_counter() - started) * 1000, 1)
         logger.info(
             "follow closed",
-            extra={**fields, "outcome": outcome, "close_code": code, "frames": frames, "duration_ms": duration_ms},
+            extra={
+                **fields,
+                "outcome": outcome,
+                "close_code": code,
+                "frames": frames,
+                "shared": shared,
+                "duration_ms": duration_ms,
+            },
         )
 
 

@@ -65,6 +65,10 @@ class GatewaySettings(BaseSettings):
     # Follow: how long the last frames (an error, a resync) and the close may take to reach a browser
     # that stopped reading before the gateway gives up on it.
     follow_close_timeout_seconds: float = Field(default=5.0, gt=0)
+    # Follow: browsers of one user following one session share one upstream Follow stream, and each
+    # frame is converted to JSON once for all of them (see `continuum_gateway.follow_hub`). Off: one
+    # upstream stream per browser, as resuming browsers always have.
+    follow_share_upstreams: bool = True
 
     @model_validator(mode="after")
     def _check_users(self) -> GatewaySettings:

@@ -24,6 +24,8 @@ from continuum_gateway.__main__ import GatewayServer, uvicorn_config
 from continuum_gateway.app import create_app
 from continuum_gateway.auth import bearer_subprotocol
 from continuum_gateway.follow import FOLLOW_SUBPROTOCOL
+from continuum_gateway.follow_hub import STATE_KEY as HUBS_KEY
+from continuum_gateway.follow_hub import Hubs
 from continuum_gateway.upstream import STATE_KEY, Upstreams
 from continuum_runtime.auth import call_metadata
 
@@ -42,6 +44,13 @@ class LiveGateway:
         upstreams = self.lifespan_state()[STATE_KEY]
         assert isinstance(upstreams, Upstreams)
         return upstreams
+
+    @property
+    def hubs(self) -> Hubs:
+        """The gateway's shared Follow streams."""
+        hubs = self.lifespan_state()[HUBS_KEY]
+        assert isinstance(hubs, Hubs)
+        return hubs
 
     def url(self, session_id: str, query: str = "") -> str:
         """The Follow URL of a session."""

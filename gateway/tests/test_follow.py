@@ -31,6 +31,7 @@ from websockets.typing import Subprotocol
 from continuum.transcript.v1 import follow_pb2, resources_pb2, transcript_service_pb2
 from continuum_gateway.auth import bearer_subprotocol
 from continuum_gateway.follow import FOLLOW_SUBPROTOCOL
+from continuum_gateway.follow_hub import Hub
 from continuum_runtime.server import GrpcService
 
 FOLLOW_LOGGER = "continuum.gateway.follow"
@@ -458,3 +459,235 @@ async def test_a_browser_that_stops_reading_gets_an_overflow_resync_and_4429(
         assert batch["baseSeq"] == previous["seq"]
     (closed,) = [r for r in caplog.records if r.message == "follow closed"]
     assert (closed.__dict__["outcome"], closed.__dict__["close_code"]) == ("overflow", 4429)
+
+
+# Shared upstream streams (`continuum_gateway.follow_hub`).
+
+
+def _hub(gateway: LiveGateway, session_id: str, user: str = "alice") -> Hub | None:
+    return gateway.hubs.find((user, session_id, ("transcript-v2",)))
+
+
+def _batch_texts(frames: list[dict[str, Any]]) -> list[str]:
+    return [m["content"][0]["text"] for f in frames if f["type"] == "batch" for m in f["batch"]["messages"]]
+
+
+async def _publish_attempt(transcript_client: Transcript, session_id: str, key: str, chunks: list[str]) -> None:
+    stub, metadata = transcript_client.stub, transcript_client.metadata("alice")
+    attempt = follow_pb2.AttemptRef(message_key=key, attempt=1)
+    await stub.OpenAttempt(
+        transcript_service_pb2.OpenAttemptRequest(session_id=session_id, attempt=attempt), metadata=metadata
+    )
+    await stub.AppendChunks(
+        transcript_service_pb2.AppendChunksRequest(
+            session_id=session_id, attempt=attempt, first_chunk_index=0, chunks=chunks
+        ),
+        metadata=metadata,
+    )
+    answer = resources_pb2.NewMessage(
+        role=resources_pb2.MESSAGE_ROLE_ASSISTANT, content=[resources_pb2.ContentPart(text="".join(chunks))]
+    )
+    await stub.CommitAttempt(
+        transcript_service_pb2.CommitAttemptRequest(session_id=session_id, attempt=attempt, message=answer),
+        metadata=metadata,
+    )
+
+
+def _assert_unbroken(frames: list[dict[str, Any]]) -> None:
+    """From the snapshot on, every batch continues the sequence exactly (no gap, no repeat)."""
+    kinds = [f["type"] for f in frames]
+    seq = int(frames[kinds.index("snapshotEnd")]["snapshotEnd"]["seq"])
+    for frame in frames[kinds.index("snapshotEnd") + 1 :]:
+        if frame["type"] == "batch":
+            assert int(frame["batch"]["baseSeq"]) == seq, frames
+            seq = int(frame["batch"]["seq"])
+
+
+async def test_browsers_of_one_user_share_one_upstream_stream_and_each_gets_its_own_baseline(
+    live: LiveGateway, transcript_client: Transcript
+) -> None:
+    session_id = await transcript_client.new_session()
+    await transcript_client.append(session_id, "one", "two")
+    await _eventually(lambda: live.upstreams.open_follows == 0)
+    direct = transcript_client.follow(session_id)
+    try:
+        async with follower(live, session_id, ALICE_TOKEN) as first:
+            first_frames = await receive_frames(first, {"snapshotEnd"})
+            await transcript_client.append(session_id, "three")
+            first_frames += await receive_frames(first, {"batch"})
+            # A later browser: its own baseline (from its own upstream call) has "three" in it.
+            async with follower(live, session_id, ALICE_TOKEN) as second:
+                second_frames = await receive_frames(second, {"snapshotEnd"})
+                assert second_frames[0]["handshake"]["mode"] == "FOLLOW_MODE_BASELINE"
+                records = second_frames[2]["snapshotRecords"]["messages"]
+                assert [m["content"][0]["text"] for m in records] == ["one", "two", "three"]
+                assert live.upstreams.open_follows == 2  # the hub's, and the second browser's own
+                while (await direct.read()).WhichOneof("frame") != "snapshot_end":
+                    pass
+                # Its first live frame is a switch point: from there on, one upstream stream for both.
+                await transcript_client.append(session_id, "four")
+                await _eventually(lambda: live.upstreams.open_follows == 1)
+                hub = _hub(live, session_id)
+                assert hub is not None
+                assert len(hub.subscribers) == 2
+                await _publish_attempt(transcript_client, session_id, "answer", ["Hel", "lo"])
+                await transcript_client.append(session_id, "five")
+                relayed: list[dict[str, Any]] = []
+                while not relayed or "five" not in _batch_texts(relayed[-1:]):
+                    frame = await asyncio.wait_for(direct.read(), 10)
+                    if frame.WhichOneof("frame") != "heartbeat":
+                        relayed.append(_as_relayed(frame))
+                # From "four" on (the direct stream's own snapshot may be older).
+                expected = relayed[[_batch_texts([f]) for f in relayed].index(["four"]) :]
+                first_live = await _frames_until_text(first, "five")
+                second_live = await _frames_until_text(second, "five")
+    finally:
+        direct.cancel()
+    # Both got exactly what a direct Follow got, in order, once.
+    assert first_live == expected
+    assert second_live == expected
+    assert [f["type"] for f in expected] == ["batch", "attemptOpened", "chunk", "chunk", "batch", "settlement", "batch"]
+    _assert_unbroken(first_frames + first_live)
+    _assert_unbroken(second_frames + second_live)
+    await _eventually(lambda: live.upstreams.open_follows == 0)
+    assert _hub(live, session_id) is None
+
+
+async def _frames_until_text(websocket: Any, text: str) -> list[dict[str, Any]]:
+    """Messages (heartbeats left out) up to the batch committing `text`."""
+    frames: list[dict[str, Any]] = []
+    while not frames or text not in _batch_texts(frames[-1:]):
+        frames += await receive_frames(websocket, {"batch"})
+    return frames
+
+
+async def _two_sharing(
+    gateway: LiveGateway, transcript_client: Transcript, session_id: str, first: Any, second: Any, text: str
+) -> None:
+    """Both browsers past their baselines, switched onto one hub by the live batch `text`."""
+    await receive_frames(first, {"snapshotEnd"})
+    await receive_frames(second, {"snapshotEnd"})
+    await transcript_client.append(session_id, text)
+    for websocket in (first, second):
+        assert _batch_texts(await receive_frames(websocket, {"batch"})) == [text]
+    await _eventually(lambda: gateway.upstreams.open_follows == 1)
+    hub = _hub(gateway, session_id)
+    assert hub is not None
+    assert len(hub.subscribers) == 2
+
+
+async def test_a_browser_leaving_a_shared_stream_leaves_the_others_live_and_the_last_ends_it(
+    live: LiveGateway, transcript_client: Transcript
+) -> None:
+    session_id = await transcript_client.new_session()
+    await _eventually(lambda: live.upstreams.open_follows == 0)
+    async with follower(live, session_id, ALICE_TOKEN) as staying:
+        async with follower(live, session_id, ALICE_TOKEN) as leaving:
+            await _two_sharing(live, transcript_client, session_id, staying, leaving, "shared")
+        # The first browser (whose hello opened the shared stream) is the one still here: no matter.
+        await _eventually(lambda: len(hub.subscribers) == 1 if (hub := _hub(live, session_id)) else False)
+        assert live.upstreams.open_follows == 1
+        await transcript_client.append(session_id, "after")
+        assert _batch_texts(await receive_frames(staying, {"batch"})) == ["after"]
+    await _eventually(lambda: live.upstreams.open_follows == 0)
+    assert _hub(live, session_id) is None
+
+
+async def test_the_browser_that_opened_the_shared_stream_may_leave_first(
+    live: LiveGateway, transcript_client: Transcript
+) -> None:
+    session_id = await transcript_client.new_session()
+    await _eventually(lambda: live.upstreams.open_follows == 0)
+    async with (
+        follower(live, session_id, ALICE_TOKEN) as opener,
+        follower(live, session_id, ALICE_TOKEN) as staying,
+    ):
+        await _two_sharing(live, transcript_client, session_id, opener, staying, "shared")
+        await opener.close()
+        await _eventually(lambda: len(hub.subscribers) == 1 if (hub := _hub(live, session_id)) else False)
+        await transcript_client.append(session_id, "after")
+        assert _batch_texts(await receive_frames(staying, {"batch"})) == ["after"]
+        assert live.upstreams.open_follows == 1
+    await _eventually(lambda: live.upstreams.open_follows == 0)
+
+
+async def test_a_rewrite_reaches_every_browser_on_a_shared_stream(
+    live: LiveGateway, transcript_client: Transcript
+) -> None:
+    session_id = await transcript_client.new_session()
+    (message_id,) = await transcript_client.append(session_id, "original")
+    async with follower(live, session_id, ALICE_TOKEN) as first, follower(live, session_id, ALICE_TOKEN) as second:
+        await _two_sharing(live, transcript_client, session_id, first, second, "shared")
+        edit = transcript_service_pb2.EditUserMessageRequest(
+            session_id=session_id, message_id=message_id, content=[resources_pb2.ContentPart(text="edited")]
+        )
+        await transcript_client.stub.EditUserMessage(edit, metadata=transcript_client.metadata("alice"))
+        for websocket in (first, second):
+            rest, code = await receive_until_closed(websocket)
+            rest = [m for m in rest if m["type"] != "heartbeat"]
+            assert [m["type"] for m in rest] == ["resync"]
+            assert rest[0]["resync"] == {"reason": "RESYNC_REASON_REWRITE", "resumable": False}
+            assert code == 1000
+    await _eventually(lambda: live.upstreams.open_follows == 0)
+    assert _hub(live, session_id) is None
+
+
+async def test_another_users_browser_is_refused_while_the_owner_follows(
+    live: LiveGateway, transcript_client: Transcript
+) -> None:
+    session_id = await transcript_client.new_session("alice")
+    async with follower(live, session_id, ALICE_TOKEN) as owner:
+        await receive_frames(owner, {"snapshotEnd"})
+        async with follower(live, session_id, BOB_TOKEN) as intruder:
+            messages, code = await receive_until_closed(intruder)
+        assert [error_reason(m) for m in messages] == ["SESSION_PERMISSION_DENIED"]
+        assert code == 4403
+        await transcript_client.append(session_id, "private")
+        assert _batch_texts(await receive_frames(owner, {"batch"})) == ["private"]
+    assert _hub(live, session_id, "bob") is None
+
+
+async def test_a_stalled_browser_on_a_shared_stream_overflows_alone(
+    transcript: GrpcService, transcript_client: Transcript, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    session_id = await transcript_client.new_session()
+    async with live_gateway(
+        tmp_path, transcript.port, send_buffer=4096, follow_close_timeout_seconds=30, follow_buffer_frames=8
+    ) as gateway:
+        client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(client, ("127.0.0.1", gateway.port))
+        with caplog.at_level(logging.INFO, logger=FOLLOW_LOGGER):
+            async with (
+                follower(gateway, session_id, ALICE_TOKEN) as reader,
+                follower(gateway, session_id, ALICE_TOKEN, sock=client, max_queue=1) as stalled,
+            ):
+                await _two_sharing(gateway, transcript_client, session_id, reader, stalled, "shared")
+                hub = _hub(gateway, session_id)
+                assert hub is not None
+                published: list[str] = []
+                received: list[str] = []
+                while len(hub.subscribers) == 2 and len(published) < 400:
+                    published.append(f"{len(published):04d}" + "x" * 16_000)
+                    await transcript_client.append(session_id, published[-1])
+                    received += _batch_texts(await receive_frames(reader, {"batch"}))
+                assert len(hub.subscribers) == 1, "the gateway never noticed the browser stalled"
+                # The reading browser is unharmed: every batch, in order, on the same stream.
+                await transcript_client.append(session_id, "still live")
+                while "still live" not in received:
+                    received += _batch_texts(await receive_frames(reader, {"batch"}))
+                assert received == [*published, "still live"]
+                assert gateway.upstreams.open_follows == 1
+                messages, code = await receive_until_closed(stalled, seconds=30)
+    assert code == 4429
+    assert messages[-1]["resync"] == {"reason": "RESYNC_REASON_OVERFLOW", "resumable": True}
+    # (The reading browser's own line, "browser_closed", may come after the gateway stopped.)
+    (closed,) = [
+        r for r in caplog.records if r.message == "follow closed" and r.__dict__["outcome"] != "browser_closed"
+    ]
+    assert (closed.__dict__["outcome"], closed.__dict__["close_code"], closed.__dict__["shared"]) == (
+        "overflow",
+        4429,
+        True,
+    )

@@ -96,3 +96,5 @@ def test_uvicorn_pings_websockets_as_configured(tmp_path: Path) -> None:
     config = uvicorn_config(settings)
     assert (config.ws, config.ws_ping_interval, config.ws_ping_timeout) == ("websockets-sansio", 7.5, 3.0)
     assert config.ws_max_size == 4096
+    # Follow frames go out uncompressed: deflating small JSON texts costs more CPU than it saves.
+    assert config.ws_per_message_deflate is False
