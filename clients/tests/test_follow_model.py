@@ -168,9 +168,10 @@ class FollowModel(RuleBasedStateMachine):
             self.run(self.live.commit(self.session_id, key, current.attempt, assistant("".join(current.chunks) or "-")))
 
     @precondition(lambda self: bool(self.user_messages))
-    @rule(data=st.data())
-    def edit(self, data: st.DataObject) -> None:
-        target = data.draw(st.sampled_from(self.user_messages))
+    @rule(pick=st.integers(0, 1_000))
+    def edit(self, pick: int) -> None:
+        # Drawn independently of the server's ids, so replaying an example draws the same data.
+        target = self.user_messages[pick % len(self.user_messages)]
         request = api.EditUserMessageRequest(
             session_id=self.session_id, message_id=target, content=[pb.ContentPart(text="edited")]
         )

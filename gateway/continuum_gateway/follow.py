@@ -41,12 +41,22 @@ Protocol, all messages JSON text:
 
        {"type": "resync", "generation": "3", "resync": {"reason": "RESYNC_REASON_OVERFLOW", "resumable": true}}
 
-   then close code 4429; the upstream stream is cancelled at once.
+   then close code 4429; the browser's share of the upstream stream is given up at once (the stream
+   itself is cancelled when no other browser uses it). Other browsers are not affected.
+
+Upstream streams are shared (`continuum_gateway.follow_hub`, unless
+`GatewaySettings.follow_share_upstreams` is off): browsers of the same user following the same
+session with the same capabilities get the suffix from one transcript Follow call, each frame
+converted to JSON once for all of them. Each browser still gets a baseline of its own first (the
+first browser from the shared call, a later one from a call of its own, which is also transcript
+authorizing it) and switches over at a frame both streams relayed; what it receives is exactly what
+its own stream would have relayed. A browser that resumes keeps a call of its own.
 
 Messages the browser sends after its hello are ignored. uvicorn pings every socket (see
-`GatewaySettings.ws_ping_interval_seconds`). However the socket ends, the upstream Follow call is
-cancelled with it. Logs carry the user, session, outcome, close code and frame count, never frame
-contents or the token.
+`GatewaySettings.ws_ping_interval_seconds`). However the socket ends, the browser's own upstream
+Follow call (if it still has one) is cancelled with it, and a shared one once its last browser is
+gone. Logs carry the user, session, outcome, close code, frame count and whether the stream was
+shared, never frame contents or the token.
 """
 
 from __future__ import annotations
@@ -231,6 +241,7 @@ class _Relay:
         finally:
             for task in tasks:
                 task.cancel()
+            self.outbox.abandon()
             if self.hub is not None:
                 self.hub.leave(self.outbox)
             results = await asyncio.gather(*tasks, return_exceptions=True)
