@@ -14,7 +14,7 @@ from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum_runtime.database import Database
-from continuum_transcript import convert
+from continuum_transcript import messages as messages_store
 from continuum_transcript.errors import UpgradeRequired
 from continuum_transcript.publisher import PROTOCOL, Cut, SessionPublisher
 from continuum_transcript.tables import messages
@@ -120,5 +120,6 @@ async def read_page_at(database: Database, session_id: str, seq: int, size: int)
     )
     async with database.connection() as connection:
         rows = list((await connection.execute(query)).mappings())
-    has_older = len(rows) > size
-    return [convert.message(row) for row in reversed(rows[:size])], has_older
+        has_older = len(rows) > size
+        page = await messages_store.with_media_types(connection, list(reversed(rows[:size])))
+    return page, has_older

@@ -13,7 +13,7 @@ from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum_runtime.auth import acting_user
 from continuum_runtime.database import Database
-from continuum_transcript import follow, persistence, sessions, turns, validation
+from continuum_transcript import follow, messages, persistence, sessions, turns, validation
 from continuum_transcript.errors import BadRequest
 from continuum_transcript.registry import PublisherRegistry
 from continuum_transcript.settings import TranscriptSettings
@@ -58,6 +58,17 @@ def prompt(value: fpb.PendingPrompt, field: str) -> fpb.PendingPrompt:
         raise BadRequest(f"{field}.kind", "must be APPROVAL or QUESTION")
     _small_struct(value.body.ByteSize(), f"{field}.body")
     return value
+
+
+async def attachment_media_types(
+    database: Database, session_id: str, rows: list[validation.MessageRow]
+) -> dict[str, str]:
+    """Check the attachments new messages refer to (no query when there are none)."""
+    referenced = sorted({attachment for row in rows for attachment in row.attachment_ids()})
+    if not referenced:
+        return {}
+    async with database.connection() as connection:
+        return await messages.attachment_media_types(connection, session_id, referenced)
 
 
 class LiveTranscript:
@@ -109,8 +120,10 @@ class LiveTranscript:
             else:
                 raise BadRequest(field, "must set one operation")
         publisher = await self._registry.get(owner, session_id)
+        known = await attachment_media_types(self._db, session_id, rows)
         seq, ids = await publisher.publish(
             rows,
+            media_types=known,
             runtime_state=state,
             prompts_upserted=upserted,
             prompts_resolved=resolved,
@@ -151,7 +164,8 @@ class LiveTranscript:
             raise BadRequest("message.role", "an attempt commits an ASSISTANT message")
         row = validation.new_message(message, "message", self._settings, message.ByteSize())
         publisher = await self._registry.get(owner, session_id)
-        message_id, seq = await publisher.commit_attempt(ref, row)
+        known = await attachment_media_types(self._db, session_id, [row])
+        message_id, seq = await publisher.commit_attempt(ref, row, media_types=known)
         if request.wait_durable:
             await publisher.wait_durable(seq)
         return api.CommitAttemptResponse(message_id=message_id, seq=seq)

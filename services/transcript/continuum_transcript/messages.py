@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import ColumnElement, RowMapping, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from continuum.transcript.v1 import resources_pb2 as pb
-from continuum_transcript import events, sessions
+from continuum_transcript import convert, events, sessions
 from continuum_transcript.errors import (
     AttachmentNotFound,
     HistoryGenerationMismatch,
@@ -18,21 +19,35 @@ from continuum_transcript.errors import (
 from continuum_transcript.tables import attachments, messages
 
 
-async def check_attachments(connection: AsyncConnection, session_id: str, referenced: list[str]) -> None:
-    """Every referenced attachment must have been uploaded to this session."""
+async def attachment_media_types(connection: AsyncConnection, session_id: str, referenced: list[str]) -> dict[str, str]:
+    """Media types of the attachments new content refers to; each must belong to this session."""
     if not referenced:
-        return
+        return {}
     found = await connection.execute(
-        select(attachments.c.attachment_id).where(
+        select(attachments.c.attachment_id, attachments.c.media_type).where(
             attachments.c.attachment_id.in_(referenced), attachments.c.session_id == session_id
         )
     )
-    missing = sorted(set(referenced) - set(found.scalars()))
+    known = {attachment_id: media_type for attachment_id, media_type in found}
+    missing = sorted(set(referenced) - set(known))
     if missing:
         raise AttachmentNotFound(
             "content refers to attachments not uploaded to this session",
             metadata={"session_id": session_id, "attachment_id": missing[0]},
         )
+    return known
+
+
+async def with_media_types(connection: AsyncConnection, rows: Sequence[Mapping[Any, Any]]) -> list[pb.Message]:
+    """Stored rows as Message resources, with the media types of the attachments they refer to."""
+    wanted = sorted({p["attachment"]["attachment_id"] for r in rows for p in r["content"] if "attachment" in p})
+    known: dict[str, str] = {}
+    if wanted:
+        found = await connection.execute(
+            select(attachments.c.attachment_id, attachments.c.media_type).where(attachments.c.attachment_id.in_(wanted))
+        )
+        known = {attachment_id: media_type for attachment_id, media_type in found}
+    return [convert.message(row, known) for row in rows]
 
 
 async def get(connection: AsyncConnection, owner: str, session_id: str, message_id: int) -> RowMapping:

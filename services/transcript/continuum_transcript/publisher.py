@@ -142,12 +142,13 @@ class _Outgoing:
     # A batch's message rows, converted into the frame only once somebody needs it: with nobody
     # following, appends never pay for building frames.
     rows: list[dict[str, Any]] | None = None
+    media_types: dict[str, str] | None = None
 
     @property
     def frame(self) -> api.FollowResponse:
         """The complete frame."""
         if self.rows is not None:
-            self.skeleton.batch.messages.extend(convert.message(row) for row in self.rows)
+            self.skeleton.batch.messages.extend(convert.message(row, self.media_types) for row in self.rows)
             self.rows = None
         return self.skeleton
 
@@ -218,6 +219,7 @@ class SessionPublisher:
         terminal: bool = False,
         settles: fpb.AttemptRef | None = None,
         extra_metadata: dict[str, Any] | None = None,
+        media_types: dict[str, str] | None = None,
     ) -> tuple[int, list[int]]:
         """Accept one business batch; returns its sequence and its messages' ids."""
         async with self._accept:
@@ -234,6 +236,7 @@ class SessionPublisher:
                 terminal=terminal,
                 settles=settles,
                 extra_metadata=extra_metadata or {},
+                media_types=media_types,
             )
 
     def _accept_now(
@@ -247,6 +250,7 @@ class SessionPublisher:
         terminal: bool,
         settles: fpb.AttemptRef | None,
         extra_metadata: dict[str, Any],
+        media_types: dict[str, str] | None = None,
     ) -> tuple[int, list[int]]:
         # Synchronous from here on: sequence, ids, state and fan-out change together.
         seq = self.commit_seq + 1
@@ -297,7 +301,7 @@ class SessionPublisher:
         else:
             watermark = fpb.WatermarkFrame(base_seq=seq - 1, seq=seq)
             frame = api.FollowResponse(generation=self.generation, watermark=watermark)
-        self._emit(frame, barrier=seq if terminal else 0, rows=stored or None)
+        self._emit(frame, barrier=seq if terminal else 0, rows=stored or None, media_types=media_types)
         return seq, [int(row["message_id"]) for row in stored]
 
     def open_attempt(self, ref: fpb.AttemptRef) -> None:
@@ -326,11 +330,16 @@ class SessionPublisher:
             self._emit(api.FollowResponse(generation=self.generation, chunk=chunk))
         return len(attempt.chunks)
 
-    async def commit_attempt(self, ref: fpb.AttemptRef, row: MessageRow) -> tuple[int, int]:
+    async def commit_attempt(
+        self, ref: fpb.AttemptRef, row: MessageRow, media_types: dict[str, str] | None = None
+    ) -> tuple[int, int]:
         """Commit the attempt's complete message; its settlement follows once durable."""
         self._open(ref)
         seq, (message_id,) = await self.publish(
-            [row], settles=ref, extra_metadata={"messageKey": ref.message_key, "attempt": ref.attempt}
+            [row],
+            settles=ref,
+            extra_metadata={"messageKey": ref.message_key, "attempt": ref.attempt},
+            media_types=media_types,
         )
         self._settle(ref, seq, message_id, fpb.SETTLEMENT_OUTCOME_COMMITTED)
         return message_id, seq
@@ -423,9 +432,15 @@ class SessionPublisher:
 
     # Fan-out
 
-    def _emit(self, frame: api.FollowResponse, barrier: int = 0, rows: list[dict[str, Any]] | None = None) -> None:
+    def _emit(
+        self,
+        frame: api.FollowResponse,
+        barrier: int = 0,
+        rows: list[dict[str, Any]] | None = None,
+        media_types: dict[str, str] | None = None,
+    ) -> None:
         self._event_no += 1
-        self._outbox.append(_Outgoing(self._event_no, barrier, frame, rows))
+        self._outbox.append(_Outgoing(self._event_no, barrier, frame, rows, media_types))
         self._drain()
 
     def _drain(self) -> None:

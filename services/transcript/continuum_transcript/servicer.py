@@ -5,14 +5,12 @@ Handlers raise TranscriptError; the runtime's interceptor maps it to a status. N
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
 import grpc
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
 from continuum_runtime.auth import ACTING_USER_KEY, acting_user
@@ -31,10 +29,9 @@ from continuum_transcript import (
 )
 from continuum_transcript.clock import now_ms
 from continuum_transcript.errors import AttachmentTooLarge, BadRequest, PageTokenInvalid
-from continuum_transcript.live import LiveTranscript
+from continuum_transcript.live import LiveTranscript, attachment_media_types
 from continuum_transcript.registry import PublisherRegistry
 from continuum_transcript.settings import TranscriptSettings
-from continuum_transcript.tables import attachments as attachments_table
 
 Context: TypeAlias = grpc.aio.ServicerContext
 
@@ -57,25 +54,6 @@ def _optional_user(context: Context) -> str | None:
         if key == ACTING_USER_KEY:
             return acting_user(context)
     return None
-
-
-async def _media_types(connection: AsyncConnection, attachment_ids: Iterable[str]) -> dict[str, str]:
-    """Media types of the attachments that content parts refer to (no query when there are none)."""
-    wanted = sorted(set(attachment_ids))
-    if not wanted:
-        return {}
-    found = await connection.execute(
-        select(attachments_table.c.attachment_id, attachments_table.c.media_type).where(
-            attachments_table.c.attachment_id.in_(wanted)
-        )
-    )
-    return {attachment_id: media_type for attachment_id, media_type in found}
-
-
-async def _with_media_types(connection: AsyncConnection, rows: Sequence[Mapping[Any, Any]]) -> list[pb.Message]:
-    referenced = (p["attachment"]["attachment_id"] for r in rows for p in r["content"] if "attachment" in p)
-    known = await _media_types(connection, referenced)
-    return [convert.message(row, known) for row in rows]
 
 
 class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
@@ -177,13 +155,10 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
         owner = acting_user(context)
         session_id = validation.session_id(request.session_id)
         batch = validation.append_batch(request.messages, self._settings)
-        referenced = sorted({a for row in batch for a in row.attachment_ids()})
-        if referenced:
-            async with self._db.connection() as connection:
-                await messages.check_attachments(connection, session_id, referenced)
         publisher = await self._registry.get(owner, session_id)
+        known = await attachment_media_types(self._db, session_id, batch)
         created = now_ms()
-        seq, ids = await publisher.publish(batch)
+        seq, ids = await publisher.publish(batch, media_types=known)
         await publisher.wait_durable(seq)
         return api.AppendMessagesResponse(message_ids=ids, create_time=convert.timestamp(created))
 
@@ -193,7 +168,7 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
         message_id = validation.non_negative(request.message_id, "message_id")
         async with self._db.connection() as connection:
             row = await messages.get(connection, owner, session_id, message_id)
-            (stored,) = await _with_media_types(connection, [row])
+            (stored,) = await messages.with_media_types(connection, [row])
         return api.GetMessageResponse(message=stored)
 
     async def ListMessagesAfter(
@@ -209,7 +184,7 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
         async with self._db.connection() as connection:
             rows = await messages.list_after(connection, owner, session_id, start, size + 1)
             more = len(rows) > size
-            page = await _with_media_types(connection, rows[:size])
+            page = await messages.with_media_types(connection, rows[:size])
         # Stop early past the soft byte limit, but always return at least one message.
         total = 0
         for kept, item in enumerate(page, start=1):
@@ -241,7 +216,7 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
             rows, has_older, has_newer = await messages.page(
                 connection, owner, session_id, anchor, newer, size, seq_pin if generation_pin else None
             )
-            page = await _with_media_types(connection, rows)
+            page = await messages.with_media_types(connection, rows)
         return api.ListMessagePageResponse(
             messages=page, has_older=has_older, has_newer=has_newer, status=api.PIN_STATUS_OK, generation=generation
         )
@@ -267,7 +242,7 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
 
         (row, generation, removed, event_id), _ = await publisher.rewrite(change)
         async with self._db.connection() as connection:
-            (edited,) = await _with_media_types(connection, [row])
+            (edited,) = await messages.with_media_types(connection, [row])
         self._bell.ring()
         return api.EditUserMessageResponse(
             message=edited, history_generation=generation, deleted_message_count=removed, event_id=event_id

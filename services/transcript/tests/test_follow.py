@@ -387,3 +387,38 @@ async def test_deleting_a_followed_session_ends_its_followers(transcript: Transc
         api.FollowRequest(session_id=sid, capabilities=["transcript-v2"]), metadata=transcript.as_user(ALICE)
     )
     await refused(again.read(), grpc.StatusCode.NOT_FOUND, "SESSION_NOT_FOUND")
+
+
+async def test_frames_carry_attachment_media_types_and_unknown_ones_are_refused(transcript: TranscriptClient) -> None:
+    sid = await _session(transcript)
+    alice = transcript.as_user(ALICE)
+    upload = transcript.stub.UploadAttachment(metadata=alice)
+    header = api.UploadAttachmentHeader(session_id=sid, media_type="image/png", file_name="a.png")
+    await upload.write(api.UploadAttachmentRequest(header=header))
+    await upload.write(api.UploadAttachmentRequest(chunk=b"png bytes"))
+    await upload.done_writing()
+    attachment_id = (await upload).attachment.attachment_id
+    reference = pb.ContentPart(attachment=pb.AttachmentReference(attachment_id=attachment_id))
+    follower = Follower(transcript, sid)
+    await follower.until("snapshot_end")
+    picture = pb.NewMessage(role=pb.MESSAGE_ROLE_USER, content=[pb.ContentPart(text="see"), reference])
+    await _publish(transcript, sid, api.BatchOperation(message=picture))
+    frame = await follower.next()
+    assert frame.batch.messages[0].content[1].attachment.media_type == "image/png"
+    unknown = pb.NewMessage(
+        role=pb.MESSAGE_ROLE_USER,
+        content=[pb.ContentPart(attachment=pb.AttachmentReference(attachment_id="missing"))],
+    )
+    await refused(
+        transcript.stub.PublishBatch(
+            api.PublishBatchRequest(session_id=sid, operations=[api.BatchOperation(message=unknown)]), metadata=alice
+        ),
+        grpc.StatusCode.NOT_FOUND,
+        "ATTACHMENT_NOT_FOUND",
+    )
+    follower.close()
+    again = Follower(transcript, sid)
+    snapshot = await again.until("snapshot_end")
+    records = next(f.snapshot_records for f in snapshot if f.HasField("snapshot_records"))
+    assert records.messages[-1].content[1].attachment.media_type == "image/png"
+    again.close()
