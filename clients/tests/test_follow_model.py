@@ -175,7 +175,12 @@ class FollowModel(RuleBasedStateMachine):
         request = api.EditUserMessageRequest(
             session_id=self.session_id, message_id=target, content=[pb.ContentPart(text="edited")]
         )
-        self.run(self.live.stub.EditUserMessage(request, metadata=self.live.metadata))
+
+        async def edit() -> None:
+            # The call must be created inside the loop it runs on.
+            await self.live.stub.EditUserMessage(request, metadata=self.live.metadata)
+
+        self.run(edit())
         self.user_messages = [m for m in self.user_messages if m <= target]
         self.attempts.clear()
 
