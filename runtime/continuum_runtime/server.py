@@ -67,28 +67,25 @@ async def start_server(
     settings: ServiceSettings,
     *,
     register: Callable[[grpc.aio.Server], Sequence[str]],
-    tracer_provider: TracerProvider,
+    tracer_provider: TracerProvider | None,
     cleanups: Sequence[Cleanup] = (),
     drains: Sequence[Cleanup] = (),
     untraced_streams: Sequence[str] = (),
 ) -> GrpcService:
     """Build and start the server; `register` adds servicers and returns their full service names."""
-    interceptors: list[grpc.aio.ServerInterceptor] = [
-        aio_server_interceptor(  # type: ignore[no-untyped-call]
-            tracer_provider=tracer_provider,
-            filter_=filters.negate(
-                filters.any_of(
-                    filters.health_check(),
-                    filters.service_prefix("grpc.reflection"),
-                    # The interceptor fails to detach its context when a long-lived stream is
-                    # cancelled (every follower disconnect), and a span per stream says little.
-                    *(filters.method_name(name) for name in untraced_streams),
-                )
-            ),
-        ),
-        AuthInterceptor(settings.service_token.get_secret_value()),
-        ErrorMappingInterceptor(),
-    ]
+    interceptors: list[grpc.aio.ServerInterceptor] = []
+    if tracer_provider is not None:
+        untraced = filters.any_of(
+            filters.health_check(),
+            filters.service_prefix("grpc.reflection"),
+            # The interceptor fails to detach its context when a long-lived stream is cancelled
+            # (every follower disconnect), and a span per stream says little.
+            *(filters.method_name(name) for name in untraced_streams),
+        )
+        interceptors.append(
+            aio_server_interceptor(tracer_provider=tracer_provider, filter_=filters.negate(untraced))  # type: ignore[no-untyped-call]
+        )
+    interceptors += [AuthInterceptor(settings.service_token.get_secret_value()), ErrorMappingInterceptor()]
     server = grpc.aio.server(interceptors=interceptors, options=keepalive_options(settings.grpc_max_message_bytes))
     service_names = list(register(server))
     health_servicer = health.aio.HealthServicer()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -27,6 +28,8 @@ class ServiceSettings(BaseSettings):
     grpc_max_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
     shutdown_grace_seconds: float = Field(default=5.0, ge=0)
     db_pool_size: int = Field(default=10, ge=1)
+    # Where RPC spans go: "none" makes no spans at all, "console" prints them.
+    trace_exporter: Literal["none", "console"] = "none"
 
     def resolved_database_url(self, service: str) -> str:
         """The configured database URL, or the embedded SQLite file of `service`."""

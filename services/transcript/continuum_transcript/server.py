@@ -59,7 +59,7 @@ async def start(settings: TranscriptSettings) -> GrpcService:
         SERVICE_NAME,
         settings,
         register=register,
-        tracer_provider=tracer_provider(SERVICE_NAME),
+        tracer_provider=tracer_provider(SERVICE_NAME, settings.trace_exporter),
         cleanups=[database.dispose],
         drains=[drain_publishers],
         untraced_streams=["Follow", "WatchSessionEvents"],

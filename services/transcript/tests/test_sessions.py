@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
+import pytest
 from google.protobuf.field_mask_pb2 import FieldMask
-from transcript_testing import TranscriptClient, refused
+from transcript_testing import TranscriptClient, refused, running_transcript
 
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
@@ -185,3 +188,16 @@ async def test_calls_need_the_service_credential_and_an_acting_user(transcript: 
         grpc.StatusCode.UNAUTHENTICATED,
         "ACTING_USER_REQUIRED",
     )
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_rpc_spans_are_exported_when_an_exporter_is_configured(
+    tmp_path: Path, database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with running_transcript(tmp_path, database_url, trace_exporter="console") as client:
+        await client.stub.CreateSession(
+            api.CreateSessionRequest(session_id="traced", title="secret title"), metadata=client.as_user("alice")
+        )
+    printed = capsys.readouterr().out
+    assert "TranscriptService/CreateSession" in printed
+    assert "secret title" not in printed
