@@ -205,18 +205,25 @@ async def _fetch_fenced(
         session_id,
         generation,
         last.seq,
-        json.dumps(last.runtime_state),
-        json.dumps(last.pending_prompts),
+        _json(last.runtime_state),
+        _json(last.pending_prompts),
         now_ms(),
         [row["message_id"] for row in rows],
         [row["session_id"] for row in rows],
         [row["role"] for row in rows],
         [json.dumps(row["content"]) for row in rows],
-        [json.dumps(row["tool_calls"]) for row in rows],
+        [_json(row["tool_calls"]) for row in rows],
         [row["tool_call_id"] for row in rows],
-        [json.dumps(row["metadata"]) for row in rows],
+        [_json(row["metadata"]) for row in rows],
         [row["status"] for row in rows],
         [row["deleted"] for row in rows],
         [row["create_ms"] for row in rows],
         [row["commit_seq"] for row in rows],
     )
+
+
+def _json(value: list[Any] | dict[str, Any]) -> str:
+    """JSON text; most tool-call lists and metadata objects are empty, and cost nothing then."""
+    if not value:
+        return "[]" if isinstance(value, list) else "{}"
+    return json.dumps(value)

@@ -30,7 +30,7 @@ class TranscriptSettings(ServiceSettings):
     follow_replay_frames: int = Field(default=1024, ge=16)
     follow_heartbeat_seconds: float = Field(default=5.0, gt=0)
     # Message ids reserved at once by a publisher, and how long an unused publisher lives.
-    publisher_id_block: int = Field(default=256, ge=1)
+    publisher_id_block: int = Field(default=1024, ge=1)
     publisher_idle_seconds: float = Field(default=300.0, gt=0)
 
     def resolved_attachments_dir(self) -> Path:
