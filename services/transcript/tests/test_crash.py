@@ -4,14 +4,12 @@ survives the restart."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 from collections import Counter
 from pathlib import Path
 
 import grpc
-from transcript_testing import SERVICE_TOKEN, user
+from transcript_testing import SERVICE_TOKEN, serve_in_subprocess, user
 
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
@@ -19,27 +17,6 @@ from continuum_runtime.auth import call_metadata
 from continuum_runtime.channels import open_channel
 
 BATCH = 20
-
-
-async def _start(data_dir: Path, database_url: str) -> tuple[asyncio.subprocess.Process, int]:
-    port_file = data_dir / "run" / "transcript.port"
-    port_file.unlink(missing_ok=True)
-    env = {
-        **os.environ,
-        "TRANSCRIPT_DATA_DIR": str(data_dir),
-        "TRANSCRIPT_DATABASE_URL": database_url,
-        "TRANSCRIPT_PORT": "0",
-        "TRANSCRIPT_SERVICE_TOKEN": SERVICE_TOKEN,
-    }
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "continuum_transcript", "serve", env=env, stderr=asyncio.subprocess.DEVNULL
-    )
-    for _ in range(300):
-        if port_file.exists():
-            return process, int(port_file.read_text())
-        await asyncio.sleep(0.05)
-    process.kill()
-    raise AssertionError("transcript did not start")
 
 
 async def _writer(
@@ -61,7 +38,7 @@ async def _writer(
 
 
 async def test_kill_9_mid_append_loses_no_acknowledged_batch_and_splits_none(tmp_path: Path, database_url: str) -> None:
-    process, port = await _start(tmp_path, database_url)
+    process, port = await serve_in_subprocess(tmp_path, database_url)
     acknowledged: list[str] = []
     channel = open_channel(f"127.0.0.1:{port}")
     stub = api_grpc.TranscriptServiceStub(channel)
@@ -80,7 +57,7 @@ async def test_kill_9_mid_append_loses_no_acknowledged_batch_and_splits_none(tmp
         if process.returncode is None:
             process.kill()
 
-    process, port = await _start(tmp_path, database_url)
+    process, port = await serve_in_subprocess(tmp_path, database_url)
     channel = open_channel(f"127.0.0.1:{port}")
     stub = api_grpc.TranscriptServiceStub(channel)
     try:

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import grpc
 import pytest
-from transcript_testing import SERVICE_TOKEN, Follower, TcpProxy, assistant, kinds, running_transcript, user
+from transcript_testing import (
+    SERVICE_TOKEN,
+    Follower,
+    TcpProxy,
+    assistant,
+    kinds,
+    running_transcript,
+    serve_in_subprocess,
+    user,
+)
 
 from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import transcript_service_pb2 as api
@@ -81,27 +88,6 @@ async def test_database_down_keeps_output_reports_and_catches_up(tmp_path: Path,
         await proxy.close()
 
 
-async def _serve(data_dir: Path, database_url: str) -> tuple[asyncio.subprocess.Process, int]:
-    port_file = data_dir / "run" / "transcript.port"
-    port_file.unlink(missing_ok=True)
-    env = {
-        **os.environ,
-        "TRANSCRIPT_DATA_DIR": str(data_dir),
-        "TRANSCRIPT_DATABASE_URL": database_url,
-        "TRANSCRIPT_PORT": "0",
-        "TRANSCRIPT_SERVICE_TOKEN": SERVICE_TOKEN,
-    }
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "continuum_transcript", "serve", env=env, stderr=asyncio.subprocess.DEVNULL
-    )
-    for _ in range(400):
-        if port_file.exists():
-            return process, int(port_file.read_text())
-        await asyncio.sleep(0.05)
-    process.kill()
-    raise AssertionError("transcript did not start")
-
-
 async def _runtime(stub: api_grpc.TranscriptServiceStub, acknowledged: list[int], enough: asyncio.Event) -> None:
     """An agent loop: stream an attempt, commit it, finish the turn; until the process dies."""
     alice = call_metadata(SERVICE_TOKEN, "alice")
@@ -134,7 +120,7 @@ async def _runtime(stub: api_grpc.TranscriptServiceStub, acknowledged: list[int]
 async def test_sigkill_mid_stream_loses_nothing_persisted_and_never_completes_the_unpersisted(
     tmp_path: Path, database_url: str
 ) -> None:
-    process, port = await _serve(tmp_path, database_url)
+    process, port = await serve_in_subprocess(tmp_path, database_url)
     channel = open_channel(f"127.0.0.1:{port}")
     stub = api_grpc.TranscriptServiceStub(channel)
     alice = call_metadata(SERVICE_TOKEN, "alice")
@@ -165,7 +151,7 @@ async def test_sigkill_mid_stream_loses_nothing_persisted_and_never_completes_th
     old_generation = seen[0].generation
     last_seq = max((f.batch.seq for f in seen if f.HasField("batch")), default=0)
 
-    process, port = await _serve(tmp_path, database_url)
+    process, port = await serve_in_subprocess(tmp_path, database_url)
     channel = open_channel(f"127.0.0.1:{port}")
     stub = api_grpc.TranscriptServiceStub(channel)
     try:
