@@ -174,6 +174,19 @@ async def test_messages_append_list_page_get_edit(gateway: httpx.AsyncClient) ->
     assert_error(not_user, 400, "FAILED_PRECONDITION", "MESSAGE_NOT_EDITABLE")
 
 
+async def test_truncated_tool_results_carry_result_truncated(gateway: httpx.AsyncClient) -> None:
+    session_id = await _new_session(gateway)
+    call = {"toolCallId": "c1", "name": "grep_search", "arguments": "{}"}
+    truncated = {"role": "MESSAGE_ROLE_TOOL", "toolCallId": "c1", "content": [{"text": '{"truncated": true}'}]}
+    plain = {"role": "MESSAGE_ROLE_TOOL", "toolCallId": "c1", "content": [{"text": "ok"}]}
+    await _append(gateway, session_id, {**_assistant("searching"), "toolCalls": [call]}, truncated, plain)
+    listed = await gateway.get(f"/v1/sessions/{session_id}/messages", headers=ALICE)
+    assert listed.status_code == 200, listed.text
+    messages = listed.json()["messages"]
+    assert [m["resultTruncated"] for m in messages] == [False, True, False]
+    assert messages[1]["metadata"] == {"resultTruncated": True}
+
+
 async def test_another_users_session_is_403(gateway: httpx.AsyncClient) -> None:
     session_id = await _new_session(gateway)
     message_id = (await _append(gateway, session_id, _user("private")))[0]

@@ -71,7 +71,8 @@ async def _refuse(connection: AsyncConnection, root: str, kind: int) -> None:
         .one()
     )
     holder_kind = pb.ClaimKind.Name(current["kind"])
-    details = {"root_session_id": root, "holder_kind": holder_kind}
+    # The holder (a run id for a turn) lets compaction bind a queued manual compaction to that run.
+    details = {"root_session_id": root, "holder_kind": holder_kind, "holder": current["holder"]}
     if kind == pb.CLAIM_KIND_RUN:
         raise SessionAlreadyRunning("the session is already running or busy", metadata=details)
     raise SessionBusy(f"the session is held by a {holder_kind} claim", metadata=details)

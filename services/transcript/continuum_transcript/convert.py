@@ -12,6 +12,7 @@ from sqlalchemy import RowMapping
 
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum_transcript.claims import HeldClaim
+from continuum_transcript.truncation import RESULT_TRUNCATED
 
 
 def timestamp(epoch_ms: int | None) -> Timestamp | None:
@@ -45,6 +46,7 @@ def session(row: RowMapping) -> pb.Session:
         memory_injection_disabled=row["memory_injection_disabled"],
         metadata=struct(row["metadata"]),
         history_generation=row["history_generation"],
+        compaction_fence_message_id=row["compaction_fence_message_id"],
         create_time=timestamp(row["create_ms"]),
         update_time=timestamp(row["update_ms"]),
         delete_time=timestamp(row["delete_ms"]),
@@ -77,6 +79,7 @@ def message(row: Mapping[Any, Any], media_types: dict[str, str] | None = None) -
         status=row["status"],
         deleted=row["deleted"],
         create_time=timestamp(row["create_ms"]),
+        result_truncated=row["role"] == pb.MESSAGE_ROLE_TOOL and row["metadata"].get(RESULT_TRUNCATED) is True,
     )
 
 

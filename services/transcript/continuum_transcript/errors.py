@@ -51,6 +51,20 @@ class HistoryGenerationMismatch(TranscriptError):
     reason = "HISTORY_GENERATION_MISMATCH"
 
 
+class MessageAlreadyCompacted(TranscriptError):
+    """The edited USER message is at or below the session's compaction fence."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "MESSAGE_ALREADY_COMPACTED"
+
+
+class HistoryRewritten(TranscriptError):
+    """A compaction fence was refused: an edit rewrote the history after the caller loaded it."""
+
+    code = grpc.StatusCode.ABORTED
+    reason = "HISTORY_REWRITTEN"
+
+
 class AttachmentNotFound(TranscriptError):
     code = grpc.StatusCode.NOT_FOUND
     reason = "ATTACHMENT_NOT_FOUND"

@@ -13,6 +13,7 @@ from continuum_transcript import convert, events, sessions
 from continuum_transcript.errors import (
     AttachmentNotFound,
     HistoryGenerationMismatch,
+    MessageAlreadyCompacted,
     MessageNotEditable,
     MessageNotFound,
 )
@@ -134,21 +135,19 @@ async def edit_user_message(
 ) -> tuple[dict[str, Any], int, int, int]:
     """Replace a USER message's content and logically delete every later message, atomically.
 
+    Refused, changing nothing, when the message is at or below the compaction fence (checked by
+    the same statement that bumps the generation, so SetCompactionFence cannot slip in between).
     Returns the edited message, the new history generation, how many messages were deleted, and
     the HISTORY_REWRITTEN event id.
     """
     session = await sessions.load(connection, owner, session_id)
-    generation = await sessions.bump_generation(connection, session_id, expected_generation)
+    generation = await sessions.bump_generation(connection, session_id, expected_generation, message_id)
     if generation is None:
-        raise HistoryGenerationMismatch(
-            "the history changed since the caller read it",
-            metadata={"session_id": session_id, "expected_generation": expected_generation or 0},
-        )
+        await _explain_refused_edit(connection, owner, session_id, message_id, expected_generation)
+        # Nothing explains it any more: the fence moved back down meanwhile. Rare; the caller retries.
+        raise HistoryGenerationMismatch("the session changed while editing; retry", metadata={"session_id": session_id})
     target = await get(connection, owner, session_id, message_id)
-    if target["deleted"] or target["role"] != pb.MESSAGE_ROLE_USER:
-        raise MessageNotEditable(
-            "only a live USER message can be edited", metadata={"session_id": session_id, "message_id": message_id}
-        )
+    _check_editable(target, session_id)
     await connection.execute(update(messages).where(messages.c.message_id == message_id).values(content=content))
     removed = await connection.execute(
         update(messages)
@@ -166,3 +165,31 @@ async def edit_user_message(
         payload={"edited_message_id": message_id, "history_generation": generation},
     )
     return {**target, "content": content}, generation, int(removed.rowcount), event_id
+
+
+def _check_editable(target: Mapping[Any, Any], session_id: str) -> None:
+    if target["deleted"] or target["role"] != pb.MESSAGE_ROLE_USER:
+        raise MessageNotEditable(
+            "only a live USER message can be edited",
+            metadata={"session_id": session_id, "message_id": target["message_id"]},
+        )
+
+
+async def _explain_refused_edit(
+    connection: AsyncConnection, owner: str, session_id: str, message_id: int, expected_generation: int | None
+) -> None:
+    """Raise the reason the generation bump did not match, read after it (fresh on PostgreSQL,
+    under the writer lock on SQLite). Returns only when nothing explains it any more."""
+    current = await sessions.load(connection, owner, session_id)
+    _check_editable(await get(connection, owner, session_id, message_id), session_id)
+    fence = int(current["compaction_fence_message_id"])
+    if message_id <= fence:
+        raise MessageAlreadyCompacted(
+            f"message {message_id} is already covered by the session summary and can no longer be edited",
+            metadata={"session_id": session_id, "message_id": message_id, "compaction_fence_message_id": fence},
+        )
+    if expected_generation is not None and current["history_generation"] != expected_generation:
+        raise HistoryGenerationMismatch(
+            "the history changed since the caller read it",
+            metadata={"session_id": session_id, "expected_generation": expected_generation},
+        )

@@ -21,6 +21,7 @@ from continuum_transcript import (
     claims,
     convert,
     events,
+    fence,
     messages,
     persistence,
     sessions,
@@ -246,6 +247,22 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
         self._bell.ring()
         return api.EditUserMessageResponse(
             message=edited, history_generation=generation, deleted_message_count=removed, event_id=event_id
+        )
+
+    async def SetCompactionFence(
+        self, request: api.SetCompactionFenceRequest, context: Context
+    ) -> api.SetCompactionFenceResponse:
+        owner = acting_user(context)
+        session_id = validation.session_id(request.session_id)
+        message_id = validation.non_negative(request.message_id, "message_id")
+        expected = validation.positive(request.expected_history_generation, "expected_history_generation")
+        # No publisher: the fence changes no history and no Follow generation, only the session row.
+        async with self._db.transaction() as connection:
+            row = await fence.set_fence(connection, owner, session_id, message_id, expected)
+        return api.SetCompactionFenceResponse(
+            session_id=session_id,
+            message_id=row["compaction_fence_message_id"],
+            history_generation=row["history_generation"],
         )
 
     # Attachments

@@ -73,6 +73,7 @@ async def create(connection: AsyncConnection, owner: str, new: NewSession) -> tu
         "metadata": new.metadata,
         "create_fingerprint": fingerprint,
         "history_generation": 1,
+        "compaction_fence_message_id": 0,
         "deleted": False,
         "create_ms": now,
         "update_ms": now,
@@ -149,12 +150,19 @@ async def delete_tree(connection: AsyncConnection, owner: str, session_id: str) 
     return deleted_ids, event_id
 
 
-async def bump_generation(connection: AsyncConnection, session_id: str, expected: int | None) -> int | None:
-    """Advance the history generation, optionally only from `expected`; None when that CAS lost.
+async def bump_generation(
+    connection: AsyncConnection, session_id: str, expected: int | None, edited_message_id: int
+) -> int | None:
+    """Advance the history generation for an edit of `edited_message_id`; None when refused.
 
-    The UPDATE also takes the session row lock, serializing concurrent rewrites of one history.
+    One conditional UPDATE decides, by whether it matched the row: the compaction fence must lie
+    below the edited message and, when `expected` is given, the generation must still be it. The
+    UPDATE takes the session row lock, which SetCompactionFence takes too; on PostgreSQL a change
+    that commits while this statement waits is re-checked against the condition (READ COMMITTED
+    re-evaluates the WHERE on the newest row version), so a fence that commits first refuses the
+    edit, and an edit that commits first makes the fence's generation check fail.
     """
-    condition = sessions.c.session_id == session_id
+    condition = and_(sessions.c.session_id == session_id, sessions.c.compaction_fence_message_id < edited_message_id)
     if expected is not None:
         condition = and_(condition, sessions.c.history_generation == expected)
     result = await connection.execute(

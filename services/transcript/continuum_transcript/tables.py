@@ -31,6 +31,9 @@ sessions = Table(
     Column("create_ms", BigInteger, nullable=False),
     Column("update_ms", BigInteger, nullable=False),
     Column("delete_ms", BigInteger, nullable=True),
+    # Compaction's summary covers every message up to this id (0: none). Kept here, on the row
+    # edits lock to bump history_generation, so the edit guard needs no call to compaction.
+    Column("compaction_fence_message_id", BigInteger, nullable=False, server_default="0"),
     Index("ix_sessions_owner_created", "owner", "deleted", "create_ms", "session_id"),
     Index("ix_sessions_root", "root_session_id"),
     Index("ix_sessions_parent", "parent_session_id"),

@@ -13,6 +13,7 @@ from google.protobuf.struct_pb2 import Struct
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum_transcript.errors import BadRequest
 from continuum_transcript.settings import TranscriptSettings
+from continuum_transcript.truncation import with_truncation_flag
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_TITLE_CHARS = 1_000
@@ -65,6 +66,13 @@ def non_negative(value: int, field: str) -> int:
     """Sizes, cursors and ids given by callers are never negative."""
     if value < 0:
         raise BadRequest(field, "must not be negative")
+    return value
+
+
+def positive(value: int, field: str) -> int:
+    """A required number that starts at 1 (a generation): zero means the caller left it out."""
+    if value < 1:
+        raise BadRequest(field, "is required and must be at least 1")
     return value
 
 
@@ -157,7 +165,8 @@ def new_message(message: pb.NewMessage, field: str, settings: TranscriptSettings
         content=content,
         tool_calls=tool_calls,
         tool_call_id=message.tool_call_id,
-        metadata=metadata(message.metadata, f"{field}.metadata"),
+        # Every stored message passes here once, so the flag is computed at write time only.
+        metadata=with_truncation_flag(role, content, metadata(message.metadata, f"{field}.metadata")),
         status=status,
     )
 

@@ -26,39 +26,39 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'continuum/transcript/v1/resources.proto\x12\x17\x63ontinuum.transcript.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xca\x03\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x19\n\x11parent_session_id\x18\x03 \x01(\t\x12\x17\n\x0froot_session_id\x18\x04 \x01(\t\x12\x32\n\x04kind\x18\x05 \x01(\x0e\x32$.continuum.transcript.v1.SessionKind\x12\r\n\x05title\x18\x06 \x01(\t\x12\r\n\x05model\x18\x07 \x01(\t\x12\x19\n\x11working_directory\x18\x08 \x01(\t\x12!\n\x19memory_injection_disabled\x18\t \x01(\x08\x12)\n\x08metadata\x18\n \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x1a\n\x12history_generation\x18\x0b \x01(\x03\x12/\n\x0b\x63reate_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x64\x65lete_time\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"i\n\x0b\x43ontentPart\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x42\n\nattachment\x18\x02 \x01(\x0b\x32,.continuum.transcript.v1.AttachmentReferenceH\x00\x42\x06\n\x04part\"@\n\x13\x41ttachmentReference\x12\x15\n\rattachment_id\x18\x01 \x01(\t\x12\x12\n\nmedia_type\x18\x02 \x01(\t\"A\n\x08ToolCall\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"\x8e\x03\n\x07Message\x12\x12\n\nmessage_id\x18\x01 \x01(\x03\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x32\n\x04role\x18\x03 \x01(\x0e\x32$.continuum.transcript.v1.MessageRole\x12\x35\n\x07\x63ontent\x18\x04 \x03(\x0b\x32$.continuum.transcript.v1.ContentPart\x12\x35\n\ntool_calls\x18\x05 \x03(\x0b\x32!.continuum.transcript.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x06 \x01(\t\x12)\n\x08metadata\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x36\n\x06status\x18\x08 \x01(\x0e\x32&.continuum.transcript.v1.MessageStatus\x12\x0f\n\x07\x64\x65leted\x18\t \x01(\x08\x12/\n\x0b\x63reate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xa7\x02\n\nNewMessage\x12\x32\n\x04role\x18\x01 \x01(\x0e\x32$.continuum.transcript.v1.MessageRole\x12\x35\n\x07\x63ontent\x18\x02 \x03(\x0b\x32$.continuum.transcript.v1.ContentPart\x12\x35\n\ntool_calls\x18\x03 \x03(\x0b\x32!.continuum.transcript.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12)\n\x08metadata\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x36\n\x06status\x18\x06 \x01(\x0e\x32&.continuum.transcript.v1.MessageStatus\"\xb3\x01\n\nAttachment\x12\x15\n\rattachment_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x12\n\nmedia_type\x18\x03 \x01(\t\x12\x11\n\tfile_name\x18\x04 \x01(\t\x12\x12\n\nsize_bytes\x18\x05 \x01(\x03\x12\x0e\n\x06sha256\x18\x06 \x01(\t\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xbb\x01\n\x05\x43laim\x12\x10\n\x08\x63laim_id\x18\x01 \x01(\t\x12\x30\n\x04kind\x18\x02 \x01(\x0e\x32\".continuum.transcript.v1.ClaimKind\x12\x0e\n\x06holder\x18\x03 \x01(\t\x12\x13\n\x0bsession_ids\x18\x04 \x03(\t\x12\x18\n\x10root_session_ids\x18\x05 \x03(\t\x12/\n\x0b\x65xpire_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x9a\x02\n\x0cSessionEvent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\x03\x12\x37\n\x04type\x18\x02 \x01(\x0e\x32).continuum.transcript.v1.SessionEventType\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x17\n\x0froot_session_id\x18\x04 \x01(\t\x12\r\n\x05owner\x18\x05 \x01(\t\x12\x1b\n\x13\x64\x65leted_session_ids\x18\x06 \x03(\t\x12\x19\n\x11\x65\x64ited_message_id\x18\x07 \x01(\x03\x12\x1a\n\x12history_generation\x18\x08 \x01(\x03\x12/\n\x0b\x63reate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\x8c\x01\n\x0bSessionKind\x12\x1c\n\x18SESSION_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11SESSION_KIND_CHAT\x10\x01\x12\x18\n\x14SESSION_KIND_SUBTASK\x10\x02\x12\x15\n\x11SESSION_KIND_FORK\x10\x03\x12\x17\n\x13SESSION_KIND_MERGED\x10\x04*\x8e\x01\n\x0bMessageRole\x12\x1c\n\x18MESSAGE_ROLE_UNSPECIFIED\x10\x00\x12\x15\n\x11MESSAGE_ROLE_USER\x10\x01\x12\x1a\n\x16MESSAGE_ROLE_ASSISTANT\x10\x02\x12\x15\n\x11MESSAGE_ROLE_TOOL\x10\x03\x12\x17\n\x13MESSAGE_ROLE_SYSTEM\x10\x04*l\n\rMessageStatus\x12\x1e\n\x1aMESSAGE_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n\x17MESSAGE_STATUS_COMPLETE\x10\x01\x12\x1e\n\x1aMESSAGE_STATUS_INTERRUPTED\x10\x02*l\n\tClaimKind\x12\x1a\n\x16\x43LAIM_KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x43LAIM_KIND_RUN\x10\x01\x12\x14\n\x10\x43LAIM_KIND_MERGE\x10\x02\x12\x19\n\x15\x43LAIM_KIND_COMPACTION\x10\x03*\x80\x01\n\x10SessionEventType\x12\"\n\x1eSESSION_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1e\n\x1aSESSION_EVENT_TYPE_DELETED\x10\x01\x12(\n$SESSION_EVENT_TYPE_HISTORY_REWRITTEN\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'continuum/transcript/v1/resources.proto\x12\x17\x63ontinuum.transcript.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xef\x03\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x19\n\x11parent_session_id\x18\x03 \x01(\t\x12\x17\n\x0froot_session_id\x18\x04 \x01(\t\x12\x32\n\x04kind\x18\x05 \x01(\x0e\x32$.continuum.transcript.v1.SessionKind\x12\r\n\x05title\x18\x06 \x01(\t\x12\r\n\x05model\x18\x07 \x01(\t\x12\x19\n\x11working_directory\x18\x08 \x01(\t\x12!\n\x19memory_injection_disabled\x18\t \x01(\x08\x12)\n\x08metadata\x18\n \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x1a\n\x12history_generation\x18\x0b \x01(\x03\x12/\n\x0b\x63reate_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x64\x65lete_time\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12#\n\x1b\x63ompaction_fence_message_id\x18\x0f \x01(\x03\"i\n\x0b\x43ontentPart\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x42\n\nattachment\x18\x02 \x01(\x0b\x32,.continuum.transcript.v1.AttachmentReferenceH\x00\x42\x06\n\x04part\"@\n\x13\x41ttachmentReference\x12\x15\n\rattachment_id\x18\x01 \x01(\t\x12\x12\n\nmedia_type\x18\x02 \x01(\t\"A\n\x08ToolCall\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"\xa8\x03\n\x07Message\x12\x12\n\nmessage_id\x18\x01 \x01(\x03\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x32\n\x04role\x18\x03 \x01(\x0e\x32$.continuum.transcript.v1.MessageRole\x12\x35\n\x07\x63ontent\x18\x04 \x03(\x0b\x32$.continuum.transcript.v1.ContentPart\x12\x35\n\ntool_calls\x18\x05 \x03(\x0b\x32!.continuum.transcript.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x06 \x01(\t\x12)\n\x08metadata\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x36\n\x06status\x18\x08 \x01(\x0e\x32&.continuum.transcript.v1.MessageStatus\x12\x0f\n\x07\x64\x65leted\x18\t \x01(\x08\x12/\n\x0b\x63reate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10result_truncated\x18\x0b \x01(\x08\"\xa7\x02\n\nNewMessage\x12\x32\n\x04role\x18\x01 \x01(\x0e\x32$.continuum.transcript.v1.MessageRole\x12\x35\n\x07\x63ontent\x18\x02 \x03(\x0b\x32$.continuum.transcript.v1.ContentPart\x12\x35\n\ntool_calls\x18\x03 \x03(\x0b\x32!.continuum.transcript.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12)\n\x08metadata\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x36\n\x06status\x18\x06 \x01(\x0e\x32&.continuum.transcript.v1.MessageStatus\"\xb3\x01\n\nAttachment\x12\x15\n\rattachment_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x12\n\nmedia_type\x18\x03 \x01(\t\x12\x11\n\tfile_name\x18\x04 \x01(\t\x12\x12\n\nsize_bytes\x18\x05 \x01(\x03\x12\x0e\n\x06sha256\x18\x06 \x01(\t\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xbb\x01\n\x05\x43laim\x12\x10\n\x08\x63laim_id\x18\x01 \x01(\t\x12\x30\n\x04kind\x18\x02 \x01(\x0e\x32\".continuum.transcript.v1.ClaimKind\x12\x0e\n\x06holder\x18\x03 \x01(\t\x12\x13\n\x0bsession_ids\x18\x04 \x03(\t\x12\x18\n\x10root_session_ids\x18\x05 \x03(\t\x12/\n\x0b\x65xpire_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x9a\x02\n\x0cSessionEvent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\x03\x12\x37\n\x04type\x18\x02 \x01(\x0e\x32).continuum.transcript.v1.SessionEventType\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x17\n\x0froot_session_id\x18\x04 \x01(\t\x12\r\n\x05owner\x18\x05 \x01(\t\x12\x1b\n\x13\x64\x65leted_session_ids\x18\x06 \x03(\t\x12\x19\n\x11\x65\x64ited_message_id\x18\x07 \x01(\x03\x12\x1a\n\x12history_generation\x18\x08 \x01(\x03\x12/\n\x0b\x63reate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\x8c\x01\n\x0bSessionKind\x12\x1c\n\x18SESSION_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11SESSION_KIND_CHAT\x10\x01\x12\x18\n\x14SESSION_KIND_SUBTASK\x10\x02\x12\x15\n\x11SESSION_KIND_FORK\x10\x03\x12\x17\n\x13SESSION_KIND_MERGED\x10\x04*\x8e\x01\n\x0bMessageRole\x12\x1c\n\x18MESSAGE_ROLE_UNSPECIFIED\x10\x00\x12\x15\n\x11MESSAGE_ROLE_USER\x10\x01\x12\x1a\n\x16MESSAGE_ROLE_ASSISTANT\x10\x02\x12\x15\n\x11MESSAGE_ROLE_TOOL\x10\x03\x12\x17\n\x13MESSAGE_ROLE_SYSTEM\x10\x04*l\n\rMessageStatus\x12\x1e\n\x1aMESSAGE_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n\x17MESSAGE_STATUS_COMPLETE\x10\x01\x12\x1e\n\x1aMESSAGE_STATUS_INTERRUPTED\x10\x02*l\n\tClaimKind\x12\x1a\n\x16\x43LAIM_KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x43LAIM_KIND_RUN\x10\x01\x12\x14\n\x10\x43LAIM_KIND_MERGE\x10\x02\x12\x19\n\x15\x43LAIM_KIND_COMPACTION\x10\x03*\x80\x01\n\x10SessionEventType\x12\"\n\x1eSESSION_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1e\n\x1aSESSION_EVENT_TYPE_DELETED\x10\x01\x12(\n$SESSION_EVENT_TYPE_HISTORY_REWRITTEN\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'continuum.transcript.v1.resources_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SESSIONKIND']._serialized_start=2189
-  _globals['_SESSIONKIND']._serialized_end=2329
-  _globals['_MESSAGEROLE']._serialized_start=2332
-  _globals['_MESSAGEROLE']._serialized_end=2474
-  _globals['_MESSAGESTATUS']._serialized_start=2476
-  _globals['_MESSAGESTATUS']._serialized_end=2584
-  _globals['_CLAIMKIND']._serialized_start=2586
-  _globals['_CLAIMKIND']._serialized_end=2694
-  _globals['_SESSIONEVENTTYPE']._serialized_start=2697
-  _globals['_SESSIONEVENTTYPE']._serialized_end=2825
+  _globals['_SESSIONKIND']._serialized_start=2252
+  _globals['_SESSIONKIND']._serialized_end=2392
+  _globals['_MESSAGEROLE']._serialized_start=2395
+  _globals['_MESSAGEROLE']._serialized_end=2537
+  _globals['_MESSAGESTATUS']._serialized_start=2539
+  _globals['_MESSAGESTATUS']._serialized_end=2647
+  _globals['_CLAIMKIND']._serialized_start=2649
+  _globals['_CLAIMKIND']._serialized_end=2757
+  _globals['_SESSIONEVENTTYPE']._serialized_start=2760
+  _globals['_SESSIONEVENTTYPE']._serialized_end=2888
   _globals['_SESSION']._serialized_start=132
-  _globals['_SESSION']._serialized_end=590
-  _globals['_CONTENTPART']._serialized_start=592
-  _globals['_CONTENTPART']._serialized_end=697
-  _globals['_ATTACHMENTREFERENCE']._serialized_start=699
-  _globals['_ATTACHMENTREFERENCE']._serialized_end=763
-  _globals['_TOOLCALL']._serialized_start=765
-  _globals['_TOOLCALL']._serialized_end=830
-  _globals['_MESSAGE']._serialized_start=833
-  _globals['_MESSAGE']._serialized_end=1231
-  _globals['_NEWMESSAGE']._serialized_start=1234
-  _globals['_NEWMESSAGE']._serialized_end=1529
-  _globals['_ATTACHMENT']._serialized_start=1532
-  _globals['_ATTACHMENT']._serialized_end=1711
-  _globals['_CLAIM']._serialized_start=1714
-  _globals['_CLAIM']._serialized_end=1901
-  _globals['_SESSIONEVENT']._serialized_start=1904
-  _globals['_SESSIONEVENT']._serialized_end=2186
+  _globals['_SESSION']._serialized_end=627
+  _globals['_CONTENTPART']._serialized_start=629
+  _globals['_CONTENTPART']._serialized_end=734
+  _globals['_ATTACHMENTREFERENCE']._serialized_start=736
+  _globals['_ATTACHMENTREFERENCE']._serialized_end=800
+  _globals['_TOOLCALL']._serialized_start=802
+  _globals['_TOOLCALL']._serialized_end=867
+  _globals['_MESSAGE']._serialized_start=870
+  _globals['_MESSAGE']._serialized_end=1294
+  _globals['_NEWMESSAGE']._serialized_start=1297
+  _globals['_NEWMESSAGE']._serialized_end=1592
+  _globals['_ATTACHMENT']._serialized_start=1595
+  _globals['_ATTACHMENT']._serialized_end=1774
+  _globals['_CLAIM']._serialized_start=1777
+  _globals['_CLAIM']._serialized_end=1964
+  _globals['_SESSIONEVENT']._serialized_start=1967
+  _globals['_SESSIONEVENT']._serialized_end=2249
 # @@protoc_insertion_point(module_scope)

@@ -163,6 +163,7 @@ class Session(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
     DELETE_TIME_FIELD_NUMBER: _builtins.int
+    COMPACTION_FENCE_MESSAGE_ID_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Server-assigned or caller-supplied identifier."""
     owner: _builtins.str
@@ -179,6 +180,11 @@ class Session(_message.Message):
     """When true, no memory section is injected into this session's model requests."""
     history_generation: _builtins.int
     """Bumped every time the history is rewritten (an edit that truncates later messages)."""
+    compaction_fence_message_id: _builtins.int
+    """The compaction fence: messages with ids at or below it are covered by the session's summary,
+    and an edit of such a USER message is refused with MESSAGE_ALREADY_COMPACTED. 0 when no
+    summary covers any message. Set by SetCompactionFence.
+    """
     @_builtins.property
     def metadata(self) -> _struct_pb2.Struct:
         """Free-form metadata, e.g. {"sessionMergeOperationId": "..."} on a merged session."""
@@ -208,10 +214,11 @@ class Session(_message.Message):
         create_time: _timestamp_pb2.Timestamp | None = ...,
         update_time: _timestamp_pb2.Timestamp | None = ...,
         delete_time: _timestamp_pb2.Timestamp | None = ...,
+        compaction_fence_message_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "delete_time", b"delete_time", "metadata", b"metadata", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "delete_time", b"delete_time", "history_generation", b"history_generation", "kind", b"kind", "memory_injection_disabled", b"memory_injection_disabled", "metadata", b"metadata", "model", b"model", "owner", b"owner", "parent_session_id", b"parent_session_id", "root_session_id", b"root_session_id", "session_id", b"session_id", "title", b"title", "update_time", b"update_time", "working_directory", b"working_directory"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compaction_fence_message_id", b"compaction_fence_message_id", "create_time", b"create_time", "delete_time", b"delete_time", "history_generation", b"history_generation", "kind", b"kind", "memory_injection_disabled", b"memory_injection_disabled", "metadata", b"metadata", "model", b"model", "owner", b"owner", "parent_session_id", b"parent_session_id", "root_session_id", b"root_session_id", "session_id", b"session_id", "title", b"title", "update_time", b"update_time", "working_directory", b"working_directory"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -314,6 +321,7 @@ class Message(_message.Message):
     STATUS_FIELD_NUMBER: _builtins.int
     DELETED_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
+    RESULT_TRUNCATED_FIELD_NUMBER: _builtins.int
     message_id: _builtins.int
     session_id: _builtins.str
     role: Global___MessageRole.ValueType
@@ -322,6 +330,12 @@ class Message(_message.Message):
     status: Global___MessageStatus.ValueType
     deleted: _builtins.bool
     """True once the message was logically removed (e.g. truncated by an edit)."""
+    result_truncated: _builtins.bool
+    """True when the tool reported its result as truncated: a TOOL message whose text is a JSON
+    object with a top-level `"truncated": true`. Detected once when the message is stored and
+    kept in its metadata as {"resultTruncated": true} (other metadata keys are kept; a caller
+    that sets that key to true itself is believed).
+    """
     @_builtins.property
     def content(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContentPart]: ...
     @_builtins.property
@@ -343,10 +357,11 @@ class Message(_message.Message):
         status: Global___MessageStatus.ValueType = ...,
         deleted: _builtins.bool = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
+        result_truncated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "metadata", b"metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "create_time", b"create_time", "deleted", b"deleted", "message_id", b"message_id", "metadata", b"metadata", "role", b"role", "session_id", b"session_id", "status", b"status", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "create_time", b"create_time", "deleted", b"deleted", "message_id", b"message_id", "metadata", b"metadata", "result_truncated", b"result_truncated", "role", b"role", "session_id", b"session_id", "status", b"status", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -615,6 +615,79 @@ class EditUserMessageRequest(_message.Message):
 Global___EditUserMessageRequest: _TypeAlias = EditUserMessageRequest  # noqa: Y015
 
 @_typing.final
+class SetCompactionFenceRequest(_message.Message):
+    """Request of SetCompactionFence.
+
+    Compaction calls this BEFORE it persists a summary whose boundary is message_id, with the
+    history generation of the history it summarized. Once the fence is set, transcript refuses
+    (inside its own transaction) every edit of a USER message with id <= message_id with
+    FAILED_PRECONDITION / MESSAGE_ALREADY_COMPACTED. The fence and edits are serialized on the
+    session row: either an edit commits first (its generation bump makes this call fail with
+    ABORTED / HISTORY_REWRITTEN, and compaction must discard its summary), or the fence commits
+    first (and the edit is refused). Errors: NOT_FOUND / SESSION_NOT_FOUND for an unknown or deleted
+    session, PERMISSION_DENIED for another user's session, NOT_FOUND / MESSAGE_NOT_FOUND when
+    message_id is not a live message of the session, INVALID_ARGUMENT for a malformed session_id,
+    a negative message_id or an expected_history_generation below 1 (nothing changes then).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    EXPECTED_HISTORY_GENERATION_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    message_id: _builtins.int
+    """The summary's boundary: a live message of the session. The fence only ever moves up: a lower
+    value (or 0) leaves it where it is, because a compaction that lost its race to a newer summary
+    must not expose messages that summary covers.
+    """
+    expected_history_generation: _builtins.int
+    """The session's history_generation the caller loaded the summarized history at."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        message_id: _builtins.int = ...,
+        expected_history_generation: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected_history_generation", b"expected_history_generation", "message_id", b"message_id", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetCompactionFenceRequest: _TypeAlias = SetCompactionFenceRequest  # noqa: Y015
+
+@_typing.final
+class SetCompactionFenceResponse(_message.Message):
+    """Response of SetCompactionFence."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    HISTORY_GENERATION_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    message_id: _builtins.int
+    """The fence now in force."""
+    history_generation: _builtins.int
+    """The history generation the fence was set at (unchanged by this call)."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        message_id: _builtins.int = ...,
+        history_generation: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["history_generation", b"history_generation", "message_id", b"message_id", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetCompactionFenceResponse: _TypeAlias = SetCompactionFenceResponse  # noqa: Y015
+
+@_typing.final
 class EditUserMessageResponse(_message.Message):
     """Response of EditUserMessage."""
 

@@ -87,6 +87,11 @@ class TranscriptServiceStub:
                 request_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.EditUserMessageRequest.SerializeToString,
                 response_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.EditUserMessageResponse.FromString,
                 _registered_method=True)
+        self.SetCompactionFence = channel.unary_unary(
+                '/continuum.transcript.v1.TranscriptService/SetCompactionFence',
+                request_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.SetCompactionFenceRequest.SerializeToString,
+                response_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.SetCompactionFenceResponse.FromString,
+                _registered_method=True)
         self.UploadAttachment = channel.stream_unary(
                 '/continuum.transcript.v1.TranscriptService/UploadAttachment',
                 request_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.UploadAttachmentRequest.SerializeToString,
@@ -235,6 +240,13 @@ class TranscriptServiceServicer:
 
     def EditUserMessage(self, request, context):
         """Replaces a USER message's content and deletes every later message of the session.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetCompactionFence(self, request, context):
+        """Raises the session's compaction fence, only if the history generation is still the expected one.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -397,6 +409,11 @@ def add_TranscriptServiceServicer_to_server(servicer, server):
                     servicer.EditUserMessage,
                     request_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.EditUserMessageRequest.FromString,
                     response_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.EditUserMessageResponse.SerializeToString,
+            ),
+            'SetCompactionFence': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetCompactionFence,
+                    request_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.SetCompactionFenceRequest.FromString,
+                    response_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.SetCompactionFenceResponse.SerializeToString,
             ),
             'UploadAttachment': grpc.stream_unary_rpc_method_handler(
                     servicer.UploadAttachment,
@@ -747,6 +764,33 @@ class TranscriptService:
             '/continuum.transcript.v1.TranscriptService/EditUserMessage',
             continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.EditUserMessageRequest.SerializeToString,
             continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.EditUserMessageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetCompactionFence(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/continuum.transcript.v1.TranscriptService/SetCompactionFence',
+            continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.SetCompactionFenceRequest.SerializeToString,
+            continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.SetCompactionFenceResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -56,6 +56,8 @@ class TranscriptServiceStub:
     """A page of live messages around an anchor (or the latest), older or newer."""
     EditUserMessage: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.EditUserMessageRequest, _transcript_service_pb2.EditUserMessageResponse]
     """Replaces a USER message's content and deletes every later message of the session."""
+    SetCompactionFence: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.SetCompactionFenceRequest, _transcript_service_pb2.SetCompactionFenceResponse]
+    """Raises the session's compaction fence, only if the history generation is still the expected one."""
     UploadAttachment: _grpc.StreamUnaryMultiCallable[_transcript_service_pb2.UploadAttachmentRequest, _transcript_service_pb2.UploadAttachmentResponse]
     """Uploads attachment bytes: the first request carries the header, then chunks."""
     GetAttachment: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.GetAttachmentRequest, _transcript_service_pb2.GetAttachmentResponse]
@@ -115,6 +117,8 @@ class TranscriptServiceAsyncStub(TranscriptServiceStub):
     """A page of live messages around an anchor (or the latest), older or newer."""
     EditUserMessage: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.EditUserMessageRequest, _transcript_service_pb2.EditUserMessageResponse]  # type: ignore[assignment]
     """Replaces a USER message's content and deletes every later message of the session."""
+    SetCompactionFence: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.SetCompactionFenceRequest, _transcript_service_pb2.SetCompactionFenceResponse]  # type: ignore[assignment]
+    """Raises the session's compaction fence, only if the history generation is still the expected one."""
     UploadAttachment: _aio.StreamUnaryMultiCallable[_transcript_service_pb2.UploadAttachmentRequest, _transcript_service_pb2.UploadAttachmentResponse]  # type: ignore[assignment]
     """Uploads attachment bytes: the first request carries the header, then chunks."""
     GetAttachment: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.GetAttachmentRequest, _transcript_service_pb2.GetAttachmentResponse]  # type: ignore[assignment]
@@ -231,6 +235,14 @@ class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_transcript_service_pb2.EditUserMessageResponse, _abc.Awaitable[_transcript_service_pb2.EditUserMessageResponse]]:
         """Replaces a USER message's content and deletes every later message of the session."""
+
+    @_abc_1.abstractmethod
+    def SetCompactionFence(
+        self,
+        request: _transcript_service_pb2.SetCompactionFenceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.SetCompactionFenceResponse, _abc.Awaitable[_transcript_service_pb2.SetCompactionFenceResponse]]:
+        """Raises the session's compaction fence, only if the history generation is still the expected one."""
 
     @_abc_1.abstractmethod
     def UploadAttachment(

@@ -1,0 +1,80 @@
+"""The compaction fence: the highest message id a session's summary covers.
+
+Compaction raises it before it persists a summary, conditioned on the history generation it
+summarized; edits at or below it are refused (`messages.edit_user_message`). Both write the
+session row, so on PostgreSQL its row lock orders them and on SQLite the single writer does.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import RowMapping, case, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from continuum_transcript import sessions
+from continuum_transcript.clock import now_ms
+from continuum_transcript.errors import HistoryRewritten, MessageNotFound
+from continuum_transcript.tables import messages
+from continuum_transcript.tables import sessions as sessions_table
+
+
+async def set_fence(
+    connection: AsyncConnection, owner: str, session_id: str, message_id: int, expected_generation: int
+) -> RowMapping:
+    """Raise the fence to `message_id` only if the history generation is still `expected_generation`;
+    returns the updated session row.
+
+    The fence never moves down. A compaction that loses its compare-and-set to a newer summary may
+    still have raised the fence; lowering it afterwards could expose messages the newer summary
+    covers, so a fence above the stored boundary (refusing a few more edits) is the safe side.
+
+    One conditional UPDATE decides, by whether it matched the row. An edit that committed first
+    bumped the generation, so this refuses with HISTORY_REWRITTEN and the caller must discard its
+    summary; an edit waiting behind this UPDATE's row lock finds the new fence and is refused.
+    """
+    await sessions.load(connection, owner, session_id)
+    result = await connection.execute(
+        update(sessions_table)
+        .where(
+            sessions_table.c.session_id == session_id,
+            sessions_table.c.history_generation == expected_generation,
+            sessions_table.c.deleted.is_(False),
+        )
+        .values(
+            compaction_fence_message_id=case(
+                (sessions_table.c.compaction_fence_message_id < message_id, message_id),
+                else_=sessions_table.c.compaction_fence_message_id,
+            ),
+            update_ms=now_ms(),
+        )
+        .returning(*sessions_table.c)
+    )
+    row = result.mappings().first()
+    if row is None:
+        # Deleted meanwhile → NOT_FOUND; otherwise the generation moved.
+        current = await sessions.load(connection, owner, session_id)
+        raise HistoryRewritten(
+            "the history was rewritten after the caller loaded it; discard the summary",
+            metadata={
+                "session_id": session_id,
+                "expected_history_generation": expected_generation,
+                "history_generation": current["history_generation"],
+            },
+        )
+    # Checked under the row lock: an edit deleting the boundary would have moved the generation.
+    if message_id and not await _is_live_message(connection, session_id, message_id):
+        raise MessageNotFound(
+            "the fence must be a live message of the session",
+            metadata={"session_id": session_id, "message_id": message_id},
+        )
+    return row
+
+
+async def _is_live_message(connection: AsyncConnection, session_id: str, message_id: int) -> bool:
+    found = await connection.execute(
+        select(messages.c.message_id).where(
+            messages.c.message_id == message_id,
+            messages.c.session_id == session_id,
+            messages.c.deleted.is_(False),
+        )
+    )
+    return found.first() is not None
