@@ -34,7 +34,7 @@ lint: $(STAMP) protos-check buf-lint
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	# One mypy run per suite: every suite has its own conftest.py.
-	for tree in runtime services/transcript clients gateway "cli tests" "bench scripts conftest.py"; do $(VENV)/bin/mypy $$tree || exit 1; done
+	for tree in runtime services/transcript services/compaction clients gateway "cli tests" "bench scripts conftest.py"; do $(VENV)/bin/mypy $$tree || exit 1; done
 
 test: setup lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)

@@ -1,0 +1,88 @@
+"""Removing what compaction holds for deleted sessions (seed 001 §7.12), without touching transcript.
+
+`SessionEventsConsumer` follows transcript's session-events outbox from a durable cursor: a DELETED
+event removes the record, signals and events of every session in the deleted subtree, then the cursor
+advances (at-least-once: a replayed event removes nothing twice). `reconcile` replays every DELETED
+event still in the outbox, for anything a consumer outage missed; the cleanup CLI runs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from continuum.transcript.v1 import resources_pb2 as tpb
+from continuum.transcript.v1 import transcript_service_pb2 as api
+from continuum_compaction import store
+from continuum_compaction.clock import now_ms
+from continuum_compaction.errors import CompactionError
+from continuum_compaction.transcript_client import TranscriptClient
+from continuum_runtime.database import Database
+
+logger = logging.getLogger("continuum.compaction")
+
+CONSUMER = "compaction.session-events"
+
+
+async def forget_deleted(database: Database, event: tpb.SessionEvent) -> int:
+    """Apply one event; returns rows removed."""
+    if event.type != tpb.SESSION_EVENT_TYPE_DELETED:
+        return 0
+    removed = 0
+    async with database.transaction() as connection:
+        for session_id in event.deleted_session_ids or [event.session_id]:
+            removed += await store.forget_session(connection, session_id)
+    return removed
+
+
+class SessionEventsConsumer:
+    """Watches the outbox until stopped, resuming from its cursor after any break."""
+
+    def __init__(self, database: Database, transcript: TranscriptClient, retry_seconds: float) -> None:
+        self._database = database
+        self._transcript = transcript
+        self._retry_seconds = retry_seconds
+
+    async def run(self) -> None:
+        """Consume forever (cancel to stop)."""
+        while True:
+            try:
+                await self._consume()
+            except grpc.aio.AioRpcError as error:
+                logger.warning("session events stream broke; resuming", extra={"code": error.code().name})
+            await asyncio.sleep(self._retry_seconds)
+
+    async def _consume(self) -> None:
+        async with self._database.connection() as connection:
+            cursor = await store.load_cursor(connection, CONSUMER)
+        stream = self._transcript.stub.WatchSessionEvents(
+            api.WatchSessionEventsRequest(after_event_id=cursor), metadata=self._transcript.metadata(None)
+        )
+        async for response in stream:
+            event = response.event
+            removed = await forget_deleted(self._database, event)
+            if removed:
+                logger.info("forgot deleted sessions", extra={"event_id": event.event_id, "rows": removed})
+            async with self._database.transaction() as connection:
+                await store.save_cursor(connection, CONSUMER, event.event_id, now_ms())
+
+
+async def reconcile(database: Database, transcript: TranscriptClient) -> tuple[int, int]:
+    """Replay every event in the outbox; returns (DELETED events seen, rows removed)."""
+    deleted = removed = 0
+    token = ""
+    while True:
+        request = api.ListSessionEventsRequest(after_event_id=0, page_size=1000, page_token=token)
+        try:
+            response = await transcript.stub.ListSessionEvents(request, metadata=transcript.metadata(None))
+        except grpc.aio.AioRpcError as error:
+            raise CompactionError(f"transcript refused to list session events ({error.code().name})") from error
+        for event in response.events:
+            if event.type == tpb.SESSION_EVENT_TYPE_DELETED:
+                deleted += 1
+                removed += await forget_deleted(database, event)
+        token = response.next_page_token
+        if not token:
+            return deleted, removed

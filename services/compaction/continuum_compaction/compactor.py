@@ -1,0 +1,362 @@
+"""Compaction itself: load after the boundary, cut at whole turns, summarize in batches, persist by CAS.
+
+The order of one compaction (seed 001 §7.2-§7.10):
+1. read the record and validate its boundary message; an invalid one is dropped and the full
+   history loaded once (no recursion, no second model call);
+2. load only messages with id > boundary and normalize them;
+3. if the trigger holds (or the user forced it), summarize whole-turn batches; a failed batch
+   stops the later ones;
+4. pick the largest successful batch prefix whose boundary passes the prefix-integrity check;
+5. raise transcript's edit fence, conditioned on the history generation that was loaded, so an
+   edit in between makes us discard the result and an edit afterwards is refused;
+6. compare-and-set the record; on a conflict discard the result, reload once and go on without
+   compacting again; on success reload after the new boundary so messages written meanwhile count.
+No model call holds a database transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from continuum.compaction.v1 import compaction_service_pb2 as api
+from continuum.compaction.v1 import resources_pb2 as pb
+from continuum.transcript.v1 import resources_pb2 as tpb
+from continuum_compaction import store
+from continuum_compaction.announce import Announcer, outcome_name, trigger_name
+from continuum_compaction.clock import now_ms
+from continuum_compaction.cuts import Unit, batches, plan_cut, safe_boundary, should_compact
+from continuum_compaction.history import LoadedHistory, load_history
+from continuum_compaction.settings import CompactionSettings
+from continuum_compaction.summarizer import BatchSummary, summarize_batch, summary_message_text
+from continuum_compaction.transcript_client import HistoryRewritten, TranscriptClient
+from continuum_runtime.database import Database
+from continuum_runtime.provider import ModelProvider, ProviderError, estimate_message_tokens
+
+logger = logging.getLogger("continuum.compaction")
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The summary in force and the messages after its boundary, as loaded for one request."""
+
+    record: store.CompactionRecord | None
+    history: LoadedHistory
+    boundary_was_invalid: bool = False
+
+    @property
+    def summary(self) -> str:
+        """The summary text, empty when there is none."""
+        return self.record.summary_text if self.record is not None else ""
+
+    @property
+    def boundary(self) -> int:
+        """The last summarized message id (0: none)."""
+        return self.history.boundary
+
+    @property
+    def estimated_tokens(self) -> int:
+        """Estimated tokens of summary + every message after the boundary (what the trigger compares)."""
+        summary = estimate_message_tokens("system", summary_message_text(self.summary)) if self.summary else 0
+        return summary + self.history.tokens
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """How a compaction is asked for."""
+
+    mode: pb.TriggerMode.ValueType
+    run_id: str
+    # Bypass only the threshold (manual compaction).
+    force: bool
+    # Completed tool rounds of the running turn may be compacted (a tool-round boundary).
+    mid_loop: bool
+    window_tokens: int
+
+
+class Compactor:
+    """Compacts sessions for one process; stateless between requests."""
+
+    def __init__(
+        self, settings: CompactionSettings, database: Database, transcript: TranscriptClient, provider: ModelProvider
+    ) -> None:
+        self._settings = settings
+        self._database = database
+        self._transcript = transcript
+        self._provider = provider
+
+    async def load(self, user: str, session_id: str) -> Baseline:
+        """Read the record, validate its boundary, and load only the messages after it."""
+        async with self._database.connection() as connection:
+            record = await store.load_record(connection, session_id)
+        invalid = False
+        if record is not None and record.last_compacted_msg_id > 0:
+            reason = await self._boundary_problem(user, session_id, record.last_compacted_msg_id)
+            if reason:
+                logger.warning(
+                    "compaction boundary is invalid; dropping the record and loading the full history",
+                    extra={"session_id": session_id, "boundary": record.last_compacted_msg_id, "reason": reason},
+                )
+                async with self._database.transaction() as connection:
+                    await store.delete_record(connection, session_id, record.last_compacted_msg_id)
+                record, invalid = None, True
+        boundary = record.last_compacted_msg_id if record is not None else 0
+        messages = await self._transcript.list_after(user, session_id, boundary)
+        return Baseline(record, load_history(boundary, messages), invalid)
+
+    async def _boundary_problem(self, user: str, session_id: str, boundary: int) -> str:
+        message = await self._transcript.get_message(user, session_id, boundary)
+        if message is None:
+            return "missing"
+        if message.session_id != session_id:
+            return "other_session"
+        if message.deleted:
+            return "deleted"
+        return ""
+
+    async def compact(
+        self, user: str, session: tpb.Session, baseline: Baseline, attempt: Attempt, announcer: Announcer
+    ) -> tuple[Baseline, api.CompactionReport]:
+        """Compact once if due; returns the baseline to build the request from and what happened."""
+        settings = self._settings
+        plan = plan_cut(baseline.history, settings.recent_turns, attempt.mid_loop)
+        report = api.CompactionReport(
+            outcome=pb.COMPACTION_OUTCOME_NOT_TRIGGERED,
+            boundary_before=baseline.boundary,
+            boundary_after=baseline.boundary,
+            boundary_was_invalid=baseline.boundary_was_invalid,
+        )
+        due = attempt.force or should_compact(
+            estimated_tokens=baseline.estimated_tokens,
+            window_tokens=attempt.window_tokens,
+            trigger_ratio=settings.trigger_ratio,
+            plan=plan,
+            min_compact_messages=settings.min_compact_message_count,
+            min_new_messages=settings.min_new_message_count,
+        )
+        if not due:
+            return baseline, report
+        report.trigger_mode = attempt.mode
+        started = time.monotonic()
+        if not plan.candidates:
+            report.outcome = pb.COMPACTION_OUTCOME_NOTHING_TO_COMPACT
+            await self._finish(session.session_id, attempt, baseline, baseline, report, started, None, announcer)
+            return baseline, report
+        await announcer.started(attempt.mode, attempt.run_id, baseline.boundary)
+        done, failed = await self._summarize(baseline.summary, plan.candidates)
+        chosen = _largest_safe_prefix(baseline.history, done)
+        if chosen is None:
+            report.outcome = pb.COMPACTION_OUTCOME_FAILED
+            await self._finish(
+                session.session_id, attempt, baseline, baseline, report, started, None, announcer, failed
+            )
+            return baseline, report
+        boundary, summary, succeeded = chosen
+        report.facts_found = sum(result.facts_found for _, result in done[:succeeded])
+        report.facts_kept = sum(result.facts_kept for _, result in done[:succeeded])
+        new = store.NewSummary(
+            session_id=session.session_id,
+            expected_boundary=baseline.record.last_compacted_msg_id if baseline.record is not None else None,
+            boundary=boundary,
+            summary_text=summary.text,
+            model=summary.model,
+            input_tokens=sum(result.input_tokens for _, result in done[:succeeded]),
+            output_tokens=sum(result.output_tokens for _, result in done[:succeeded]),
+        )
+        try:
+            await self._transcript.set_fence(user, session.session_id, boundary, session.history_generation)
+        except HistoryRewritten:
+            report.outcome = pb.COMPACTION_OUTCOME_HISTORY_REWRITTEN
+            reloaded = await self.load(user, session.session_id)
+            await self._finish(session.session_id, attempt, baseline, reloaded, report, started, None, announcer)
+            return reloaded, report
+        persisted = await self._persist(new, attempt, baseline, report, started, succeeded, failed)
+        if not persisted:
+            # Never resubmit this result against the newer boundary: it did not fold that summary in.
+            report.outcome = pb.COMPACTION_OUTCOME_CONFLICT
+            reloaded = await self.load(user, session.session_id)
+            await self._finish(session.session_id, attempt, baseline, reloaded, report, started, None, announcer)
+            return reloaded, report
+        reloaded = await self.load(user, session.session_id)
+        report.outcome = pb.COMPACTION_OUTCOME_COMPACTED
+        report.boundary_after = reloaded.boundary
+        await announcer.finished(self._event(session.session_id, attempt, baseline, reloaded, report, started))
+        return reloaded, report
+
+    async def _summarize(
+        self, previous: str, candidates: Sequence[Unit]
+    ) -> tuple[list[tuple[list[Unit], BatchSummary]], int]:
+        settings = self._settings
+        done: list[tuple[list[Unit], BatchSummary]] = []
+        summary = previous
+        for batch in batches(candidates, settings.max_batch_messages, settings.max_rounds_per_request):
+            try:
+                result = await summarize_batch(
+                    self._provider,
+                    summary,
+                    batch,
+                    max_output_tokens=settings.summary_max_output_tokens,
+                    max_message_chars=settings.summary_input_message_chars,
+                )
+            except ProviderError as error:
+                # Later batches would summarize a history with a hole in it: stop here.
+                logger.warning("summary batch failed", extra={"reason": error.reason, "batch_messages": _size(batch)})
+                return done, 1
+            done.append((batch, result))
+            summary = result.text
+        return done, 0
+
+    async def _persist(
+        self,
+        new: store.NewSummary,
+        attempt: Attempt,
+        baseline: Baseline,
+        report: api.CompactionReport,
+        started: float,
+        succeeded: int,
+        failed: int,
+    ) -> bool:
+        async with self._database.transaction() as connection:
+            if not await store.persist_summary(connection, new, now_ms()):
+                return False
+            row = self._row(new.session_id, attempt, baseline, report, started, succeeded, failed)
+            report.event_id = await store.record_event(
+                connection,
+                row.with_outcome(
+                    outcome_name(pb.COMPACTION_OUTCOME_COMPACTED),
+                    new.boundary,
+                    new.model,
+                    new.summary_text,
+                    _tokens_of(new.summary_text)
+                    + sum(m.tokens for m in baseline.history.view if m.message_id > new.boundary),
+                ),
+                now_ms(),
+            )
+        return True
+
+    async def _finish(
+        self,
+        session_id: str,
+        attempt: Attempt,
+        before: Baseline,
+        after: Baseline,
+        report: api.CompactionReport,
+        started: float,
+        summary_text: str | None,
+        announcer: Announcer,
+        failed: int = 0,
+    ) -> None:
+        report.boundary_after = after.boundary
+        row = self._row(session_id, attempt, before, report, started, 0, failed)
+        async with self._database.transaction() as connection:
+            report.event_id = await store.record_event(
+                connection,
+                row.with_outcome(
+                    outcome_name(report.outcome), after.boundary, "", summary_text, after.estimated_tokens
+                ),
+                now_ms(),
+            )
+        await announcer.finished(self._event(session_id, attempt, before, after, report, started))
+
+    def _row(
+        self,
+        session_id: str,
+        attempt: Attempt,
+        before: Baseline,
+        report: api.CompactionReport,
+        started: float,
+        succeeded: int,
+        failed: int,
+    ) -> _PendingEvent:
+        return _PendingEvent(
+            session_id=session_id,
+            run_id=attempt.run_id,
+            trigger_mode=trigger_name(attempt.mode),
+            boundary_before=before.boundary,
+            tokens_before=before.estimated_tokens,
+            duration_ms=int((time.monotonic() - started) * 1000),
+            batches_succeeded=succeeded,
+            batches_failed=failed,
+            facts_found=report.facts_found,
+            facts_kept=report.facts_kept,
+        )
+
+    def _event(
+        self,
+        session_id: str,
+        attempt: Attempt,
+        before: Baseline,
+        after: Baseline,
+        report: api.CompactionReport,
+        started: float,
+    ) -> pb.CompactionEvent:
+        return pb.CompactionEvent(
+            event_id=report.event_id,
+            session_id=session_id,
+            trigger_mode=attempt.mode,
+            outcome=report.outcome,
+            boundary_before=before.boundary,
+            boundary_after=after.boundary,
+            estimated_tokens_before=before.estimated_tokens,
+            estimated_tokens_after=after.estimated_tokens,
+            duration_ms=int((time.monotonic() - started) * 1000),
+            run_id=attempt.run_id,
+        )
+
+
+@dataclass(frozen=True)
+class _PendingEvent:
+    session_id: str
+    run_id: str
+    trigger_mode: str
+    boundary_before: int
+    tokens_before: int
+    duration_ms: int
+    batches_succeeded: int
+    batches_failed: int
+    facts_found: int
+    facts_kept: int
+
+    def with_outcome(
+        self, outcome: str, boundary_after: int, model: str, summary_text: str | None, tokens_after: int
+    ) -> store.EventRow:
+        return store.EventRow(
+            session_id=self.session_id,
+            run_id=self.run_id,
+            trigger_mode=self.trigger_mode,
+            outcome=outcome,
+            boundary_before=self.boundary_before,
+            boundary_after=boundary_after,
+            tokens_before=self.tokens_before,
+            tokens_after=tokens_after,
+            model=model,
+            duration_ms=self.duration_ms,
+            batches_succeeded=self.batches_succeeded,
+            batches_failed=self.batches_failed,
+            facts_found=self.facts_found,
+            facts_kept=self.facts_kept,
+            summary_text=summary_text,
+        )
+
+
+def _largest_safe_prefix(
+    history: LoadedHistory, done: Sequence[tuple[list[Unit], BatchSummary]]
+) -> tuple[int, BatchSummary, int] | None:
+    """(boundary, cumulative summary, batches) of the longest run of successful batches whose boundary
+    passes the prefix-integrity check; None when no prefix is safe."""
+    for count in range(len(done), 0, -1):
+        units = [unit for batch, _ in done[:count] for unit in batch]
+        boundary = safe_boundary(history, units)
+        if boundary is not None:
+            return boundary, done[count - 1][1], count
+    return None
+
+
+def _size(batch: Sequence[Unit]) -> int:
+    return sum(len(unit.messages) for unit in batch)
+
+
+def _tokens_of(summary: str) -> int:
+    return estimate_message_tokens("system", summary_message_text(summary))

@@ -1,0 +1,76 @@
+"""BuildContext: the history an agent's next model request carries (seed 001 §7.2, seed 004 §5.1-§5.2).
+
+The existing summary is always injected, whether or not this request compacts and also when automatic
+compaction is off. A manual compaction queued for this run fires at its tool-round boundary whatever
+the automatic setting says; a signal of any other run is stale and is dropped.
+"""
+
+from __future__ import annotations
+
+from continuum.compaction.v1 import compaction_service_pb2 as api
+from continuum.compaction.v1 import resources_pb2 as pb
+from continuum_compaction import store, validation
+from continuum_compaction.announce import Announcer
+from continuum_compaction.compactor import Attempt, Compactor
+from continuum_compaction.request import build_request
+from continuum_compaction.settings import CompactionSettings
+from continuum_compaction.transcript_client import TranscriptClient
+from continuum_runtime.database import Database
+
+
+class ContextBuilder:
+    """Builds model requests for agent runtimes."""
+
+    def __init__(
+        self, settings: CompactionSettings, database: Database, transcript: TranscriptClient, compactor: Compactor
+    ) -> None:
+        self._settings = settings
+        self._database = database
+        self._transcript = transcript
+        self._compactor = compactor
+
+    async def build(self, user: str, request: api.BuildContextRequest) -> api.BuildContextResponse:
+        """Validate, load after the boundary, compact if due or signalled, assemble, describe."""
+        validation.build_context(request)
+        session_id, run_id = request.session_id, request.run_id
+        session = await self._transcript.get_session(user, session_id)
+        mid_loop = request.trigger_point == api.TRIGGER_POINT_MID_LOOP
+        async with self._database.transaction() as connection:
+            await store.drop_stale_signals(connection, session_id, run_id)
+            signalled = mid_loop and await store.take_signal(connection, session_id, run_id)
+        window = request.context_window_tokens or self._settings.context_window_tokens
+        announcer = Announcer(self._transcript, user, session_id)
+        baseline = await self._compactor.load(user, session_id)
+        attempt: Attempt | None = None
+        if signalled:
+            attempt = Attempt(pb.TRIGGER_MODE_MANUAL, run_id, force=True, mid_loop=True, window_tokens=window)
+        elif self._settings.auto_compaction and not request.skip_auto_compaction:
+            mode = pb.TRIGGER_MODE_MID_LOOP if mid_loop else pb.TRIGGER_MODE_REQUEST_START
+            attempt = Attempt(mode, run_id, force=False, mid_loop=mid_loop, window_tokens=window)
+        if attempt is not None:
+            baseline, report = await self._compactor.compact(user, session, baseline, attempt, announcer)
+        else:
+            report = api.CompactionReport(
+                outcome=pb.COMPACTION_OUTCOME_NOT_TRIGGERED,
+                boundary_before=baseline.boundary,
+                boundary_after=baseline.boundary,
+                boundary_was_invalid=baseline.boundary_was_invalid,
+            )
+        memory = [] if session.memory_injection_disabled else list(request.memory_entries)
+        built = build_request(
+            session_id,
+            request.system_prompt_sections,
+            memory,
+            baseline.summary,
+            baseline.history,
+            window,
+            self._settings.manifest_max_bytes,
+        )
+        await announcer.context_window(built.manifest)
+        return api.BuildContextResponse(
+            system_prompt=built.system_prompt,
+            messages=built.messages,
+            manifest=built.manifest,
+            compaction=report,
+            boundary_message_id=baseline.boundary,
+        )

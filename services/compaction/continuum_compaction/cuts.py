@@ -1,0 +1,151 @@
+"""Where compaction may cut: whole USER turns only (seed 001 §7.6-§7.7).
+
+A turn runs from a USER message to the next one. The last turn is the current one and is never a
+candidate at request start, even with `recent_turns = 0`: the runtime stores the user's message before
+it asks for context, so a trailing assistant reply proves nothing. At a tool-round boundary of a
+running turn (mid-loop) its completed tool rounds may be compacted too, but never split from their
+results. Everything here is pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from continuum_compaction.history import LoadedHistory, LoadedMessage
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Messages that are compacted together or not at all: a whole turn, or the running turn's request
+    with its completed tool rounds (`holds_current_request`)."""
+
+    messages: tuple[LoadedMessage, ...]
+    holds_current_request: bool = False
+
+    @property
+    def ids(self) -> frozenset[int]:
+        """The real ids of the unit's messages."""
+        return frozenset(message.message_id for message in self.messages)
+
+
+@dataclass(frozen=True)
+class CutPlan:
+    """The candidate units, oldest first; everything else stays verbatim."""
+
+    candidates: tuple[Unit, ...]
+
+    @property
+    def candidate_messages(self) -> int:
+        """How many messages the candidates hold (what the count minimums compare)."""
+        return sum(len(unit.messages) for unit in self.candidates)
+
+
+def split_turns(view: Sequence[LoadedMessage]) -> list[list[LoadedMessage]]:
+    """Group the model-ordered view into turns. Messages before the first USER message (the tail of a
+    turn compacted mid-loop) form a leading group of their own."""
+    turns: list[list[LoadedMessage]] = []
+    for message in view:
+        if message.role == "user" or not turns:
+            turns.append([message])
+        else:
+            turns[-1].append(message)
+    return turns
+
+
+def completed_rounds(turn: Sequence[LoadedMessage]) -> int:
+    """How many messages after the turn's USER message form completed tool rounds: each assistant call
+    message followed by a result for every call it made. Stops at the first incomplete round."""
+    end = 1
+    index = 1
+    while index < len(turn):
+        message = turn[index]
+        if message.role != "assistant":
+            break
+        calls = set(message.tool_call_ids)
+        index += 1
+        while index < len(turn) and turn[index].role == "tool" and turn[index].tool_call_id in calls:
+            calls.discard(turn[index].tool_call_id)
+            index += 1
+        if calls:
+            break
+        end = index
+    return end
+
+
+def plan_cut(history: LoadedHistory, recent_turns: int, mid_loop: bool) -> CutPlan:
+    """The units compaction may summarize now.
+
+    At request start the current turn and the `recent_turns` complete turns before it stay verbatim.
+    Mid-loop, every complete turn is a candidate, and so are the running turn's USER request and its
+    completed tool rounds except the latest, which the model is about to read.
+    """
+    turns = split_turns(history.view)
+    if not turns or (len(turns) < 2 and not mid_loop):
+        return CutPlan(())
+    current, complete = turns[-1], turns[:-1]
+    if not mid_loop:
+        keep = min(recent_turns, len(complete))
+        return CutPlan(tuple(Unit(tuple(turn)) for turn in complete[: len(complete) - keep]))
+    units = [Unit(tuple(turn)) for turn in complete]
+    if current and current[0].role == "user":
+        rounds_end = _all_but_latest_round(current, completed_rounds(current))
+        if rounds_end > 1:
+            units.append(Unit(tuple(current[:rounds_end]), holds_current_request=True))
+    return CutPlan(tuple(units))
+
+
+def _all_but_latest_round(turn: Sequence[LoadedMessage], end: int) -> int:
+    # The last completed round starts at the last assistant message before `end`.
+    for index in range(end - 1, 0, -1):
+        if turn[index].role == "assistant" and turn[index].tool_call_ids:
+            return index
+    return 1
+
+
+def batches(units: Sequence[Unit], max_messages: int, max_batches: int) -> list[list[Unit]]:
+    """Group units into at most `max_batches` batches under a soft message limit; a unit larger than
+    the limit is a batch of its own and is never split."""
+    grouped: list[list[Unit]] = []
+    size = 0
+    for unit in units:
+        if grouped and size + len(unit.messages) <= max_messages:
+            grouped[-1].append(unit)
+            size += len(unit.messages)
+            continue
+        if len(grouped) == max_batches:
+            break
+        grouped.append([unit])
+        size = len(unit.messages)
+    return grouped
+
+
+def safe_boundary(history: LoadedHistory, summarized: Sequence[Unit]) -> int | None:
+    """The largest real id summarized, if it passes the prefix-integrity check: every message of the
+    loaded view with `old < id <= new` must be among the summarized ones. None otherwise."""
+    covered: set[int] = set()
+    for unit in summarized:
+        covered |= unit.ids
+    if not covered:
+        return None
+    candidate = max(covered)
+    for message in history.view:
+        if history.boundary < message.message_id <= candidate and message.message_id not in covered:
+            return None
+    return candidate
+
+
+def should_compact(
+    *,
+    estimated_tokens: int,
+    window_tokens: int,
+    trigger_ratio: float,
+    plan: CutPlan,
+    min_compact_messages: int,
+    min_new_messages: int,
+) -> bool:
+    """The automatic trigger (seed 001 §7.8): the context reached window x ratio and there are enough
+    candidate messages. Only messages after the boundary are ever loaded, so every candidate is new."""
+    if estimated_tokens < window_tokens * trigger_ratio:
+        return False
+    return plan.candidate_messages >= max(min_compact_messages, min_new_messages)

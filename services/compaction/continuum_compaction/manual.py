@@ -1,0 +1,90 @@
+"""Manual compaction, `compact_now` (seed 004 §5.4).
+
+Idle session: take a `compaction` claim first (a new turn is then refused with SESSION_ALREADY_RUNNING),
+compact bypassing only the threshold, release. Running session: queue a signal bound to the running
+turn's run id; the runtime consumes it at its next tool-round boundary. Repeating either is harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+
+from continuum.compaction.v1 import compaction_service_pb2 as api
+from continuum.compaction.v1 import resources_pb2 as pb
+from continuum_compaction import store, validation
+from continuum_compaction.announce import Announcer
+from continuum_compaction.clock import now_ms
+from continuum_compaction.compactor import Attempt, Compactor
+from continuum_compaction.errors import CompactionError, SessionBusy
+from continuum_compaction.settings import CompactionSettings
+from continuum_compaction.transcript_client import SessionRunning, TranscriptClient
+from continuum_runtime.database import Database
+
+logger = logging.getLogger("continuum.compaction")
+
+RUN_CLAIM = "CLAIM_KIND_RUN"
+COMPACTION_CLAIM = "CLAIM_KIND_COMPACTION"
+
+
+class ManualCompaction:
+    """Runs or queues compactions a user asked for."""
+
+    def __init__(
+        self, settings: CompactionSettings, database: Database, transcript: TranscriptClient, compactor: Compactor
+    ) -> None:
+        self._settings = settings
+        self._database = database
+        self._transcript = transcript
+        self._compactor = compactor
+
+    async def compact_now(self, user: str, request: api.CompactNowRequest) -> api.CompactNowResponse:
+        """Compact the idle session now, or queue for the running turn."""
+        session_id = validation.session_id(request.session_id)
+        window = validation.window(request.context_window_tokens) or self._settings.context_window_tokens
+        session = await self._transcript.get_session(user, session_id)
+        holder = f"compact-now:{uuid.uuid4().hex}"
+        ttl = self._settings.claim_ttl_seconds
+        try:
+            claim_id = await self._transcript.acquire_compaction_claim(user, session_id, holder, ttl)
+        except SessionRunning as running:
+            if running.holder_kind == RUN_CLAIM and running.holder:
+                async with self._database.transaction() as connection:
+                    await store.put_signal(connection, session_id, running.holder, now_ms())
+                return api.CompactNowResponse(state=api.COMPACT_NOW_STATE_QUEUED, run_id=running.holder)
+            if running.holder_kind == COMPACTION_CLAIM:
+                return api.CompactNowResponse(state=api.COMPACT_NOW_STATE_IN_PROGRESS)
+            raise SessionBusy(
+                "the session is busy (a merge is reading it); try again when it finishes",
+                metadata={"session_id": session_id, "holder_kind": running.holder_kind},
+            ) from running
+        renewing = asyncio.create_task(self._keep_claim(user, claim_id, ttl))
+        try:
+            baseline = await self._compactor.load(user, session_id)
+            attempt = Attempt(pb.TRIGGER_MODE_MANUAL, holder, force=True, mid_loop=False, window_tokens=window)
+            announcer = Announcer(self._transcript, user, session_id)
+            _, report = await self._compactor.compact(user, session, baseline, attempt, announcer)
+        finally:
+            renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewing
+            await self._release(user, claim_id)
+        return api.CompactNowResponse(state=api.COMPACT_NOW_STATE_COMPLETED, report=report)
+
+    async def _keep_claim(self, user: str, claim_id: str, ttl: float) -> None:
+        # A slow model must not let the lease lapse while the summary is being written.
+        while True:
+            await asyncio.sleep(ttl / 3)
+            try:
+                await self._transcript.renew_claim(user, claim_id, ttl)
+            except CompactionError as error:
+                logger.warning("compaction claim not renewed", extra={"claim_id": claim_id, "reason": error.reason})
+
+    async def _release(self, user: str, claim_id: str) -> None:
+        try:
+            await asyncio.shield(self._transcript.release_claim(user, claim_id))
+        except CompactionError as error:
+            # The lease expires on its own; nothing else depends on this release.
+            logger.warning("compaction claim not released", extra={"claim_id": claim_id, "reason": error.reason})

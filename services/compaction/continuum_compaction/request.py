@@ -1,0 +1,116 @@
+"""The final request object of one model call, and the context manifest produced from it.
+
+The manifest is computed from exactly what is returned (after normalization and injections), never
+reconstructed afterwards; the section texts joined are the system prompt byte for byte.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from google.protobuf import json_format
+
+from continuum.compaction.v1 import compaction_service_pb2 as api
+from continuum.compaction.v1 import resources_pb2 as pb
+from continuum.transcript.v1 import resources_pb2 as tpb
+from continuum_compaction.history import LoadedHistory
+from continuum_compaction.summarizer import summary_message_text
+from continuum_runtime.provider import estimate_message_tokens, estimate_tokens
+
+MEMORY_KEY = "memory"
+MEMORY_LABEL = "Long-term memory"
+MEMORY_HEADING = "## Long-term memory"
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """What the runtime sends: the system prompt, the history, and the manifest describing them."""
+
+    system_prompt: str
+    messages: list[tpb.Message]
+    manifest: pb.ContextManifest
+
+
+def memory_section_text(entries: Sequence[api.MemoryEntry], after_other_sections: bool) -> str:
+    """The memory section appended after the runtime's sections."""
+    lead = "\n\n" if after_other_sections else ""
+    bullets = "\n".join(f"- {entry.text.strip()}" for entry in entries)
+    return f"{lead}{MEMORY_HEADING}\n{bullets}\n"
+
+
+def build_request(
+    session_id: str,
+    sections: Sequence[api.PromptSection],
+    memory: Sequence[api.MemoryEntry],
+    summary: str,
+    history: LoadedHistory,
+    window_tokens: int,
+    manifest_max_bytes: int,
+) -> ModelRequest:
+    """Assemble the request, then describe it. `memory` is empty when injection is off."""
+    texts = [section.text for section in sections]
+    stats = [
+        pb.ContextSection(
+            key=f"system:{section.key}", label=section.label, estimated_tokens=estimate_tokens(section.text)
+        )
+        for section in sections
+    ]
+    if memory:
+        text = memory_section_text(memory, after_other_sections=bool(texts))
+        texts.append(text)
+        stats.append(
+            pb.ContextSection(
+                key=MEMORY_KEY, label=MEMORY_LABEL, estimated_tokens=estimate_tokens(text), count=len(memory)
+            )
+        )
+    messages: list[tpb.Message] = []
+    if summary:
+        summary_text = summary_message_text(summary)
+        messages.append(
+            tpb.Message(
+                message_id=0,
+                session_id=session_id,
+                role=tpb.MESSAGE_ROLE_SYSTEM,
+                content=[tpb.ContentPart(text=summary_text)],
+                status=tpb.MESSAGE_STATUS_COMPLETE,
+            )
+        )
+        stats.append(
+            pb.ContextSection(
+                key="summary",
+                label="Session summary",
+                estimated_tokens=estimate_message_tokens("system", summary_text),
+                count=1,
+            )
+        )
+    messages.extend(loaded.message for loaded in history.view)
+    stats.append(
+        pb.ContextSection(key="messages", label="Messages", estimated_tokens=history.tokens, count=len(history.view))
+    )
+    manifest = pb.ContextManifest(
+        sections=stats,
+        memory_ids=[entry.memory_id for entry in memory],
+        effective_window_tokens=window_tokens,
+        estimated_total_tokens=sum(stat.estimated_tokens for stat in stats),
+        tokens_are_estimates=True,
+    )
+    return ModelRequest("".join(texts), messages, bounded(manifest, manifest_max_bytes))
+
+
+def manifest_json(manifest: pb.ContextManifest) -> str:
+    """The manifest as published in `context_window` events (and measured against the size bound)."""
+    return json_format.MessageToJson(manifest, indent=None)
+
+
+def bounded(manifest: pb.ContextManifest, max_bytes: int) -> pb.ContextManifest:
+    """Drop memory ids from the end until the serialized manifest fits (they are trimmed first, and
+    are the only part that grows with the caller's input beyond the validated section limits)."""
+    if len(manifest_json(manifest).encode()) <= max_bytes:
+        return manifest
+    trimmed = pb.ContextManifest()
+    trimmed.CopyFrom(manifest)
+    trimmed.memory_ids_trimmed = True
+    while trimmed.memory_ids and len(manifest_json(trimmed).encode()) > max_bytes:
+        trimmed.memory_ids.pop()
+    return trimmed

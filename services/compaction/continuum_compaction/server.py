@@ -1,0 +1,92 @@
+"""Wiring: database, migrations, transcript client, provider, consumer and the gRPC server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import grpc
+
+from continuum.compaction.v1 import compaction_service_pb2_grpc as api_grpc
+from continuum_compaction import SERVICE_NAME
+from continuum_compaction.cleanup import SessionEventsConsumer
+from continuum_compaction.compactor import Compactor
+from continuum_compaction.context import ContextBuilder
+from continuum_compaction.manual import ManualCompaction
+from continuum_compaction.servicer import CompactionServicer
+from continuum_compaction.settings import CompactionSettings
+from continuum_compaction.transcript_client import TranscriptClient
+from continuum_runtime import migrations
+from continuum_runtime.database import Database
+from continuum_runtime.provider import ModelProvider, open_provider
+from continuum_runtime.server import GrpcService, start_server
+from continuum_runtime.telemetry import tracer_provider
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+FULL_SERVICE_NAME = "continuum.compaction.v1.CompactionService"
+
+
+def open_database(settings: CompactionSettings) -> Database:
+    """The process's one engine for this service."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    return Database(settings.resolved_database_url(SERVICE_NAME), schema=SERVICE_NAME, pool_size=settings.db_pool_size)
+
+
+def open_transcript(settings: CompactionSettings) -> TranscriptClient:
+    """The process's one channel to transcript."""
+    return TranscriptClient(
+        settings.transcript_address,
+        settings.service_token.get_secret_value(),
+        settings.transcript_timeout_seconds,
+        settings.grpc_max_message_bytes,
+    )
+
+
+async def migrate(settings: CompactionSettings) -> None:
+    """Bring compaction's schema to head (what `continuum migrate compaction` runs)."""
+    database = open_database(settings)
+    try:
+        await migrations.upgrade(database, MIGRATIONS_DIR)
+    finally:
+        await database.dispose()
+
+
+async def start(settings: CompactionSettings, provider: ModelProvider | None = None) -> GrpcService:
+    """Start the compaction service; migrate first when `migrate_on_start` is set.
+
+    `provider` replaces the configured one (tests pass an in-memory provider with the same contract).
+    """
+    database = open_database(settings)
+    if settings.migrate_on_start:
+        await migrations.upgrade(database, MIGRATIONS_DIR)
+    transcript = open_transcript(settings)
+    provider = provider or open_provider(settings.provider)
+    compactor = Compactor(settings, database, transcript, provider)
+    servicer = CompactionServicer(
+        database,
+        transcript,
+        ContextBuilder(settings, database, transcript, compactor),
+        ManualCompaction(settings, database, transcript, compactor),
+    )
+    consumer: asyncio.Task[None] | None = None
+    if settings.consume_session_events:
+        consumer = asyncio.create_task(SessionEventsConsumer(database, transcript, settings.events_retry_seconds).run())
+
+    async def stop_consumer() -> None:
+        if consumer is not None:
+            consumer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await consumer
+
+    def register(server: grpc.aio.Server) -> list[str]:
+        api_grpc.add_CompactionServiceServicer_to_server(servicer, server)
+        return [FULL_SERVICE_NAME]
+
+    return await start_server(
+        SERVICE_NAME,
+        settings,
+        register=register,
+        tracer_provider=tracer_provider(SERVICE_NAME, settings.trace_exporter),
+        cleanups=[stop_consumer, transcript.close, provider.aclose, database.dispose],
+    )

@@ -1,0 +1,119 @@
+"""One summarization batch: the provider call, the must-survive facts check and its single retry.
+
+No database work happens here, so no transaction is ever held across a model call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from continuum_compaction.cuts import Unit
+from continuum_compaction.facts import extract_facts, missing_facts, with_preserved_facts
+from continuum_compaction.history import LoadedMessage, message_text
+from continuum_runtime.provider import ChatMessage, Completion, ModelProvider, ProviderBadResponse, estimate_tokens
+
+INSTRUCTIONS = (
+    "You maintain the running summary of a coding-assistant session so the work can continue without "
+    "the original messages. The conversation follows; if it starts with an assistant message, that is the "
+    "summary so far. Merge it with the messages after it into one summary. "
+    "Keep: the user's goals, constraints and decisions; files touched and why; commands run and their "
+    "outcome; errors seen and whether they were fixed; open todos and the next step. Quote file paths, "
+    "commands and error messages exactly. Write plain text, no preamble."
+)
+CLOSING = "Now write the updated summary of everything above, following the instructions."
+CORRECTION = "The summary lost these facts. Rewrite the whole summary so it keeps every one of them exactly:"
+SUMMARY_TITLE = "Summary of the earlier conversation (generated; the messages after it follow verbatim):"
+
+
+def summary_message_text(summary: str) -> str:
+    """The text of the single SYSTEM message that carries a summary into a model request."""
+    return f"{SUMMARY_TITLE}\n\n{summary}"
+
+
+@dataclass(frozen=True)
+class BatchSummary:
+    """The cumulative summary after one successful batch."""
+
+    text: str
+    model: str
+    input_tokens: int
+    output_tokens: int
+    facts_found: int
+    facts_kept: int
+
+
+def prompt_messages(previous_summary: str, messages: Sequence[LoadedMessage], max_chars: int) -> list[ChatMessage]:
+    """The summarization request: instructions, the summary so far, the messages in their own roles
+    (tool results as user-side text, since the call ids are not sent), and the closing request.
+
+    Each message is clipped to `max_chars` and ends with its real id as `(#id)`, so a reader of the
+    prompt (or of a model's answer) can tell exactly which messages it covered.
+    """
+    prompt = [ChatMessage("system", INSTRUCTIONS)]
+    if previous_summary:
+        prompt.append(ChatMessage("assistant", previous_summary))
+    for loaded in messages:
+        text = message_text(loaded.message)
+        if len(text) > max_chars:
+            text = f"{text[:max_chars]}\n[… {len(text) - max_chars} characters omitted]"
+        if loaded.role == "tool":
+            prompt.append(ChatMessage("user", f"Tool result:\n{text}\n(#{loaded.message_id})"))
+        else:
+            role = "assistant" if loaded.role == "assistant" else "user"
+            prompt.append(ChatMessage(role, f"{text}\n(#{loaded.message_id})"))
+    prompt.append(ChatMessage("system", CLOSING))
+    return prompt
+
+
+def _usage(completion: Completion, prompt: Sequence[ChatMessage]) -> tuple[int, int]:
+    # Reported usage when the provider gives it; otherwise the same estimate shown everywhere else.
+    prompt_tokens = completion.usage.prompt_tokens
+    output_tokens = completion.usage.completion_tokens
+    if prompt_tokens is None:
+        prompt_tokens = sum(estimate_tokens(message.content) for message in prompt)
+    if output_tokens is None:
+        output_tokens = estimate_tokens(completion.text)
+    return prompt_tokens, output_tokens
+
+
+async def summarize_batch(
+    provider: ModelProvider,
+    previous_summary: str,
+    units: Sequence[Unit],
+    *,
+    max_output_tokens: int,
+    max_message_chars: int,
+) -> BatchSummary:
+    """Fold `units` into `previous_summary`. Raises the provider's error when the batch fails."""
+    messages = [message for unit in units for message in unit.messages]
+    prompt = prompt_messages(previous_summary, messages, max_message_chars)
+    completion = await provider.complete(prompt, max_output_tokens=max_output_tokens)
+    input_tokens, output_tokens = _usage(completion, prompt)
+    text = completion.text.strip()
+    if not text:
+        raise ProviderBadResponse("the provider returned an empty summary")
+    facts = extract_facts(messages)
+    missing = missing_facts(facts, text)
+    if missing:
+        correction = "\n".join(fact.render() for fact in missing)
+        retry_prompt = [
+            *prompt,
+            ChatMessage("assistant", text),
+            ChatMessage("system", f"{CORRECTION}\n{correction}"),
+        ]
+        retried = await provider.complete(retry_prompt, max_output_tokens=max_output_tokens)
+        more_input, more_output = _usage(retried, retry_prompt)
+        input_tokens += more_input
+        output_tokens += more_output
+        retried_text = retried.text.strip()
+        retried_missing = missing_facts(facts, retried_text) if retried_text else missing
+        if retried_text and len(retried_missing) < len(missing):
+            text, missing = retried_text, retried_missing
+    final = with_preserved_facts(text, missing)
+    current = [unit for unit in units if unit.holds_current_request]
+    if current:
+        # Mid-loop: the running turn's request goes in verbatim, never paraphrased by the model.
+        request = message_text(current[0].messages[0].message)
+        final = f"{final}\n\nCurrent user request (verbatim):\n{request}"
+    return BatchSummary(final, completion.model, input_tokens, output_tokens, len(facts), len(facts) - len(missing))

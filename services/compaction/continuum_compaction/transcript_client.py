@@ -1,0 +1,162 @@
+"""Compaction's only way to transcript's data: its gRPC contract, called on behalf of the acting user.
+
+Every failure becomes a compaction error here, so callers never see a raw `AioRpcError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf import duration_pb2, struct_pb2
+from google.protobuf.message import Message as ProtoMessage
+
+from continuum.transcript.v1 import follow_pb2 as fpb
+from continuum.transcript.v1 import resources_pb2 as tpb
+from continuum.transcript.v1 import transcript_service_pb2 as api
+from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
+from continuum_compaction.errors import TranscriptRefused, TranscriptUnavailable
+from continuum_runtime.auth import call_metadata
+from continuum_runtime.channels import open_channel
+from continuum_runtime.errors import error_details
+
+R = TypeVar("R")
+# ListMessagesAfter's largest page: fewer round trips for a long tail.
+PAGE_SIZE = 1000
+
+
+class HistoryRewritten(Exception):
+    """An edit rewrote the session's history after compaction loaded it; the result must be discarded."""
+
+
+class SessionRunning(Exception):
+    """The session's tree is claimed by a running turn (`run_id`) or another holder."""
+
+    def __init__(self, holder_kind: str, holder: str) -> None:
+        super().__init__(holder_kind)
+        self.holder_kind = holder_kind
+        self.holder = holder
+
+
+@dataclass(frozen=True)
+class RuntimeEventOut:
+    """A runtime event to publish into the session's Follow stream."""
+
+    kind: str
+    payload: dict[str, Any]
+
+
+class TranscriptClient:
+    """Stubs over one channel, owned by the compaction process."""
+
+    def __init__(self, address: str, token: str, timeout_seconds: float, max_message_bytes: int) -> None:
+        self._channel = open_channel(address, max_message_bytes)
+        self._stub = api_grpc.TranscriptServiceStub(self._channel)
+        self._token = token
+        self._timeout = timeout_seconds
+
+    @property
+    def stub(self) -> api_grpc.TranscriptServiceStub:
+        """The raw stub, for the session-events stream."""
+        return self._stub
+
+    def metadata(self, user: str | None) -> tuple[tuple[str, str], ...]:
+        """Call metadata: the service credential and, for session calls, the acting user."""
+        return call_metadata(self._token, user)
+
+    async def close(self) -> None:
+        """Close the channel."""
+        await self._channel.close()
+
+    async def _call(self, rpc: Callable[..., Awaitable[R]], request: ProtoMessage, user: str | None) -> R:
+        try:
+            return await rpc(request, metadata=self.metadata(user), timeout=self._timeout)
+        except grpc.aio.AioRpcError as error:
+            if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise TranscriptUnavailable("transcript is unavailable; nothing was changed") from error
+            raise TranscriptRefused(error_details(error)) from error
+
+    async def get_session(self, user: str, session_id: str) -> tpb.Session:
+        """The session, if `user` owns it (transcript's NOT_FOUND / PERMISSION_DENIED otherwise)."""
+        response: api.GetSessionResponse = await self._call(
+            self._stub.GetSession, api.GetSessionRequest(session_id=session_id), user
+        )
+        return response.session
+
+    async def get_message(self, user: str, session_id: str, message_id: int) -> tpb.Message | None:
+        """One message by id (deleted ones too), or None when transcript has no such message."""
+        try:
+            response: api.GetMessageResponse = await self._call(
+                self._stub.GetMessage, api.GetMessageRequest(session_id=session_id, message_id=message_id), user
+            )
+        except TranscriptRefused as refused:
+            if refused.code == grpc.StatusCode.NOT_FOUND and refused.reason == "MESSAGE_NOT_FOUND":
+                return None
+            raise
+        return response.message
+
+    async def list_after(self, user: str, session_id: str, after_message_id: int) -> list[tpb.Message]:
+        """Every live message with id > `after_message_id`, ascending; no cap (seed 001 §7.3)."""
+        messages: list[tpb.Message] = []
+        token = ""
+        while True:
+            request = api.ListMessagesAfterRequest(
+                session_id=session_id, after_message_id=after_message_id, page_size=PAGE_SIZE, page_token=token
+            )
+            response = await self._call(self._stub.ListMessagesAfter, request, user)
+            messages.extend(response.messages)
+            token = response.next_page_token
+            if not token:
+                return messages
+
+    async def set_fence(self, user: str, session_id: str, message_id: int, generation: int) -> None:
+        """Raise transcript's edit fence to `message_id`, unless history was rewritten since `generation`."""
+        request = api.SetCompactionFenceRequest(
+            session_id=session_id, message_id=message_id, expected_history_generation=generation
+        )
+        try:
+            await self._call(self._stub.SetCompactionFence, request, user)
+        except TranscriptRefused as refused:
+            if refused.reason == "HISTORY_REWRITTEN":
+                raise HistoryRewritten(session_id) from refused
+            raise
+
+    async def acquire_compaction_claim(self, user: str, session_id: str, holder: str, ttl_seconds: float) -> str:
+        """Take the session's `compaction` claim; `SessionRunning` when a turn or another holder has it."""
+        request = api.AcquireClaimsRequest(
+            session_ids=[session_id],
+            kind=tpb.CLAIM_KIND_COMPACTION,
+            holder=holder,
+            ttl=duration_pb2.Duration(seconds=int(ttl_seconds)),
+        )
+        try:
+            response: api.AcquireClaimsResponse = await self._call(self._stub.AcquireClaims, request, user)
+        except TranscriptRefused as refused:
+            if refused.reason in ("SESSION_ALREADY_RUNNING", "SESSION_BUSY"):
+                raise SessionRunning(refused.metadata.get("holder_kind", ""), refused.metadata.get("holder", "")) from (
+                    refused
+                )
+            raise
+        return response.claim.claim_id
+
+    async def renew_claim(self, user: str, claim_id: str, ttl_seconds: float) -> None:
+        """Extend a held claim's lease."""
+        request = api.RenewClaimsRequest(claim_id=claim_id, ttl=duration_pb2.Duration(seconds=int(ttl_seconds)))
+        await self._call(self._stub.RenewClaims, request, user)
+
+    async def release_claim(self, user: str, claim_id: str) -> None:
+        """Release a claim (releasing an expired one succeeds)."""
+        await self._call(self._stub.ReleaseClaims, api.ReleaseClaimsRequest(claim_id=claim_id), user)
+
+    async def publish_events(self, user: str, session_id: str, events: Sequence[RuntimeEventOut]) -> None:
+        """Publish runtime events (compaction start/end/marker, context_window) into the Follow stream."""
+        operations = []
+        for event in events:
+            payload = struct_pb2.Struct()
+            payload.update(event.payload)
+            operations.append(api.BatchOperation(event=fpb.RuntimeEvent(kind=event.kind, payload=payload)))
+        await self._call(
+            self._stub.PublishBatch, api.PublishBatchRequest(session_id=session_id, operations=operations), user
+        )

@@ -1,0 +1,208 @@
+"""A real transcript and a real compaction service on port 0, and a scripted model provider.
+
+The provider is an in-memory fake with the provider contract: it records every call, can fail chosen
+calls, and can hold calls at a gate so tests can race two compactions or write messages meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from pydantic import SecretStr
+from sqlalchemy import text
+from transcript_testing import SERVICE_TOKEN, TranscriptClient, running_transcript
+
+from continuum.compaction.v1 import compaction_service_pb2 as api
+from continuum.compaction.v1 import compaction_service_pb2_grpc as api_grpc
+from continuum.transcript.v1 import resources_pb2 as tpb
+from continuum.transcript.v1 import transcript_service_pb2 as tapi
+from continuum_compaction.server import start
+from continuum_compaction.settings import CompactionSettings
+from continuum_compaction.summarizer import CLOSING
+from continuum_runtime.auth import call_metadata
+from continuum_runtime.channels import open_channel
+from continuum_runtime.database import Database
+from continuum_runtime.provider import ChatMessage, Completion, ProviderUnavailable, Usage
+from continuum_runtime.server import GrpcService
+
+OWNER = "alice"
+MESSAGE_REF = re.compile(r"\(#(\d+)\)")
+
+
+def summarized_ids(call: Sequence[ChatMessage]) -> list[int]:
+    """The message ids a summarization prompt carried (rendered as `(#id)`)."""
+    return [int(found) for message in call for found in MESSAGE_REF.findall(message.content)]
+
+
+@dataclass
+class ScriptedProvider:
+    """Answers with `summary: ids ...`; fails the calls whose 0-based index is in `fail_calls`."""
+
+    fail_calls: set[int] = field(default_factory=set)
+    gate: asyncio.Event | None = None
+    reply: Callable[[Sequence[ChatMessage]], str] | None = None
+    calls: list[list[ChatMessage]] = field(default_factory=list)
+    waiting: int = 0
+    name: str = "scripted"
+    model: str = "scripted-1"
+
+    async def complete(self, messages: Sequence[ChatMessage], *, max_output_tokens: int | None = None) -> Completion:
+        index = len(self.calls)
+        self.calls.append(list(messages))
+        if self.gate is not None:
+            self.waiting += 1
+            await self.gate.wait()
+        if index in self.fail_calls:
+            raise ProviderUnavailable("scripted failure")
+        body = self.reply(messages) if self.reply else f"summary of {summarized_ids(messages)}"
+        return Completion(text=body, model=self.model, usage=Usage(10, 5), finish_reason="stop")
+
+    async def aclose(self) -> None:
+        return None
+
+    def summarize_calls(self) -> list[list[ChatMessage]]:
+        """Calls that were first attempts (not corrective retries)."""
+        return [call for call in self.calls if call[-1].content == CLOSING]
+
+
+def compaction_database_url(database_url: str) -> str:
+    """Compaction's own database: another SQLite file, or the same PostgreSQL database (own schema)."""
+    if database_url.startswith("sqlite"):
+        return database_url.replace("test.db", "compaction.db")
+    return database_url
+
+
+@dataclass
+class Stack:
+    """Both services and clients acting for `OWNER`."""
+
+    transcript: TranscriptClient
+    stub: api_grpc.CompactionServiceStub
+    service: GrpcService
+    settings: CompactionSettings
+    provider: ScriptedProvider
+    database: Database
+
+    def user(self, name: str = OWNER) -> tuple[tuple[str, str], ...]:
+        """Call metadata acting for `name`."""
+        return call_metadata(SERVICE_TOKEN, name)
+
+    async def new_session(self, session_id: str, owner: str = OWNER) -> None:
+        """Create a chat session."""
+        await self.transcript.stub.CreateSession(
+            tapi.CreateSessionRequest(session_id=session_id, kind=tpb.SESSION_KIND_CHAT, title="t"),
+            metadata=self.user(owner),
+        )
+
+    async def append(self, session_id: str, *messages: tpb.NewMessage) -> list[int]:
+        """Append messages in one batch; returns their real ids."""
+        response = await self.transcript.stub.AppendMessages(
+            tapi.AppendMessagesRequest(session_id=session_id, messages=list(messages)), metadata=self.user()
+        )
+        return list(response.message_ids)
+
+    async def build(self, session_id: str, run_id: str = "run-1", **fields: object) -> api.BuildContextResponse:
+        """BuildContext at request start unless `trigger_point` is given."""
+        values: dict[str, object] = {"trigger_point": api.TRIGGER_POINT_REQUEST_START}
+        values.update(fields)
+        request = api.BuildContextRequest(session_id=session_id, run_id=run_id, **values)  # type: ignore[arg-type]
+        response: api.BuildContextResponse = await self.stub.BuildContext(request, metadata=self.user())
+        return response
+
+    async def summary(self, session_id: str) -> api.GetCompactionSummaryResponse:
+        """The current summary (empty answer when none)."""
+        response: api.GetCompactionSummaryResponse = await self.stub.GetCompactionSummary(
+            api.GetCompactionSummaryRequest(session_id=session_id), metadata=self.user()
+        )
+        return response
+
+    async def record_rows(self, session_id: str) -> list[tuple[object, ...]]:
+        """The raw compaction record rows of a session, read straight from compaction's tables."""
+        async with self.database.connection() as connection:
+            result = await connection.execute(
+                text("SELECT last_compacted_msg_id, summary_text FROM session_compactions WHERE session_id = :s"),
+                {"s": session_id},
+            )
+            return [tuple(row) for row in result]
+
+    async def put_record(self, session_id: str, boundary: int, summary: str) -> None:
+        """Store a record directly (to stage an invalid boundary)."""
+        async with self.database.transaction() as connection:
+            await connection.execute(
+                text(
+                    "INSERT INTO session_compactions (session_id, summary_text, last_compacted_msg_id, compact_count,"
+                    " input_tokens, output_tokens, compact_model, create_ms, update_ms)"
+                    " VALUES (:s, :t, :b, 1, 0, 0, 'staged', 0, 0)"
+                ),
+                {"s": session_id, "t": summary, "b": boundary},
+            )
+
+
+def compaction_settings(
+    tmp_path: Path, database_url: str, transcript_port: int, **overrides: object
+) -> CompactionSettings:
+    """Settings of a test server: small thresholds so a handful of messages can trigger."""
+    values: dict[str, object] = {
+        "data_dir": tmp_path / "compaction",
+        "database_url": compaction_database_url(database_url),
+        "port": 0,
+        "service_token": SecretStr(SERVICE_TOKEN),
+        "transcript_address": f"127.0.0.1:{transcript_port}",
+        "context_window_tokens": 1024,
+        "trigger_ratio": 0.01,
+        "min_compact_message_count": 1,
+        "min_new_message_count": 1,
+        "recent_turns": 0,
+        "events_retry_seconds": 0.2,
+    }
+    values.update(overrides)
+    return CompactionSettings(**values)  # type: ignore[arg-type]
+
+
+@asynccontextmanager
+async def running_stack(
+    tmp_path: Path,
+    database_url: str,
+    provider: ScriptedProvider | None = None,
+    transcript_overrides: dict[str, object] | None = None,
+    **overrides: object,
+) -> AsyncIterator[Stack]:
+    """Transcript and compaction started over `database_url`, with a client for each."""
+    async with running_transcript(tmp_path, database_url, **(transcript_overrides or {})) as transcript:
+        settings = compaction_settings(tmp_path, database_url, transcript.service.port, **overrides)
+        scripted = provider or ScriptedProvider()
+        service = await start(settings, scripted)
+        channel = open_channel(f"127.0.0.1:{service.port}")
+        database = Database(settings.resolved_database_url("compaction"), schema="compaction")
+        try:
+            yield Stack(transcript, api_grpc.CompactionServiceStub(channel), service, settings, scripted, database)
+        finally:
+            await database.dispose()
+            await channel.close()
+            await service.stop(grace=0)
+
+
+async def eventually(probe: Callable[[], object], seconds: float = 10.0) -> None:
+    """Wait until the async `probe()` returns truthy."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while True:
+        result = probe()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.05)
+
+
+def status_code(error: grpc.aio.AioRpcError) -> grpc.StatusCode:
+    """The code of a failed call (typed)."""
+    code: grpc.StatusCode = error.code()
+    return code
