@@ -169,15 +169,20 @@ def compaction_settings(
 async def running_stack(
     tmp_path: Path,
     database_url: str,
-    provider: ScriptedProvider | None = None,
+    scripted: ScriptedProvider | None = None,
     transcript_overrides: dict[str, object] | None = None,
+    configured_provider: bool = False,
     **overrides: object,
 ) -> AsyncIterator[Stack]:
-    """Transcript and compaction started over `database_url`, with a client for each."""
+    """Transcript and compaction started over `database_url`, with a client for each.
+
+    Compaction calls the scripted provider unless `configured_provider` asks for the one its settings
+    name (the built-in offline provider by default).
+    """
     async with running_transcript(tmp_path, database_url, **(transcript_overrides or {})) as transcript:
         settings = compaction_settings(tmp_path, database_url, transcript.service.port, **overrides)
-        scripted = provider or ScriptedProvider()
-        service = await start(settings, scripted)
+        scripted = scripted or ScriptedProvider()
+        service = await start(settings, None if configured_provider else scripted)
         channel = open_channel(f"127.0.0.1:{service.port}")
         database = Database(settings.resolved_database_url("compaction"), schema="compaction")
         try:

@@ -1,0 +1,248 @@
+"""The final request, its manifest, the memory switch, Follow events, the summary read (seed 004 §5)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from compaction_testing import Stack, running_stack
+from google.protobuf import field_mask_pb2, json_format
+from transcript_testing import Follower, assistant, refused, user
+
+from continuum.compaction.v1 import compaction_service_pb2 as api
+from continuum.compaction.v1 import resources_pb2 as pb
+from continuum.transcript.v1 import resources_pb2 as tpb
+from continuum.transcript.v1 import transcript_service_pb2 as tapi
+from continuum_runtime.provider import estimate_tokens
+
+SECTIONS = [
+    api.PromptSection(key="identity", label="Identity", text="You are a coding assistant.\n"),
+    api.PromptSection(key="tools", label="Tools", text="\n## Tools\nUse the shell carefully. 工具说明\n"),
+    api.PromptSection(key="workspace", label="Workspace", text="\n## Workspace\n/repo on main\n"),
+]
+MEMORIES = [api.MemoryEntry(memory_id="m-1", text="Prefers pytest"), api.MemoryEntry(memory_id="m-2", text="Uses uv")]
+
+
+def _section(manifest: pb.ContextManifest, key: str) -> pb.ContextSection | None:
+    return next((s for s in manifest.sections if s.key == key), None)
+
+
+async def _set_memory_switch(stack: Stack, disabled: bool) -> None:
+    await stack.transcript.stub.UpdateSession(
+        tapi.UpdateSessionRequest(
+            session=tpb.Session(session_id="s1", memory_injection_disabled=disabled),
+            update_mask=field_mask_pb2.FieldMask(paths=["memory_injection_disabled"]),
+        ),
+        metadata=stack.user(),
+    )
+
+
+async def test_sections_join_to_the_system_prompt_byte_for_byte(stack: Stack) -> None:
+    await stack.new_session("s1")
+    ids = await stack.append("s1", user("a"), assistant("b"), user("c"))
+
+    response = await stack.build("s1", system_prompt_sections=SECTIONS, memory_entries=MEMORIES)
+
+    memory = _section(response.manifest, "memory")
+    assert memory is not None and memory.count == 2
+    texts = [s.text for s in SECTIONS]
+    memory_text = response.system_prompt[len("".join(texts)) :]
+    assert response.system_prompt == "".join([*texts, memory_text])
+    assert "- Prefers pytest\n- Uses uv" in memory_text
+    stats = {s.key: s.estimated_tokens for s in response.manifest.sections}
+    for section in SECTIONS:
+        assert stats[f"system:{section.key}"] == estimate_tokens(section.text)
+    assert stats["memory"] == estimate_tokens(memory_text)
+    assert list(response.manifest.memory_ids) == ["m-1", "m-2"]
+    # The messages section describes exactly the returned history (summary excluded).
+    messages = _section(response.manifest, "messages")
+    summary = _section(response.manifest, "summary")
+    assert messages is not None and summary is not None
+    assert messages.count == len(response.messages) - 1 == len([i for i in ids if i > response.boundary_message_id])
+    assert response.manifest.effective_window_tokens == stack.settings.context_window_tokens
+    assert response.manifest.tokens_are_estimates
+    assert response.manifest.estimated_total_tokens == sum(s.estimated_tokens for s in response.manifest.sections)
+
+
+async def test_the_models_own_window_wins(stack: Stack) -> None:
+    await stack.new_session("s1")
+    await stack.append("s1", user("a"))
+
+    response = await stack.build("s1", context_window_tokens=200_000)
+
+    assert response.manifest.effective_window_tokens == 200_000
+
+
+async def test_memory_switch_off_means_no_memory_section_from_the_next_request(stack: Stack) -> None:
+    await stack.new_session("s1")
+    await stack.append("s1", user("a"))
+    await _set_memory_switch(stack, disabled=True)
+
+    off = await stack.build("s1", system_prompt_sections=SECTIONS, memory_entries=MEMORIES)
+
+    assert _section(off.manifest, "memory") is None
+    assert list(off.manifest.memory_ids) == []
+    assert off.system_prompt == "".join(s.text for s in SECTIONS)
+    await _set_memory_switch(stack, disabled=False)
+    on = await stack.build("s1", system_prompt_sections=SECTIONS, memory_entries=MEMORIES)
+    assert list(on.manifest.memory_ids) == ["m-1", "m-2"]
+
+
+async def test_the_manifest_stays_within_8_kb_by_trimming_memory_ids(stack: Stack) -> None:
+    await stack.new_session("s1")
+    await stack.append("s1", user("a"))
+    entries = [api.MemoryEntry(memory_id=f"memory-{n:03d}-" + "x" * 50, text=f"fact {n}") for n in range(64)]
+    sections = [api.PromptSection(key=f"k{n:02d}-" + "y" * 60, label="L" * 80, text="t") for n in range(32)]
+
+    response = await stack.build("s1", system_prompt_sections=sections, memory_entries=entries)
+
+    assert len(json_format.MessageToJson(response.manifest, indent=None).encode()) <= 8192
+    assert response.manifest.memory_ids_trimmed
+    assert 0 < len(response.manifest.memory_ids) < 64
+    assert list(response.manifest.memory_ids) == [e.memory_id for e in entries[: len(response.manifest.memory_ids)]]
+    # The system prompt itself is never trimmed.
+    assert _section(response.manifest, "memory") is not None and _section(response.manifest, "memory").count == 64  # type: ignore[union-attr]
+
+
+async def test_compaction_and_context_window_events_reach_follow(stack: Stack) -> None:
+    await stack.new_session("s1")
+    await stack.append("s1", user("a"), assistant("b"), user("c"))
+    follower = Follower(stack.transcript, "s1")
+    await follower.until("snapshot_end")
+
+    response = await stack.build("s1", system_prompt_sections=SECTIONS)
+
+    events: list[tuple[str, dict[str, Any]]] = []
+    while len(events) < 4:
+        frame = await follower.next()
+        if frame.WhichOneof("frame") == "batch":
+            events += [(e.kind, json_format.MessageToDict(e.payload)) for e in frame.batch.events]
+    follower.close()
+    assert [kind for kind, _ in events] == ["compaction_start", "compaction_end", "compaction_marker", "context_window"]
+    assert events[0][1]["trigger_mode"] == "request_start"
+    assert events[2][1]["trigger_mode"] == "request_start"
+    assert events[2][1]["boundary"] == response.boundary_message_id
+    window = events[3][1]
+    assert window["estimated"] == response.manifest.estimated_total_tokens
+    assert window["actual"] is None
+    manifest = json_format.ParseDict(window["manifest"], pb.ContextManifest())
+    assert manifest == response.manifest
+
+
+async def test_summary_read_is_empty_without_a_summary_and_full_after_one(stack: Stack) -> None:
+    await stack.new_session("s1")
+    assert not (await stack.summary("s1")).HasField("summary")
+    await stack.append("s1", user("a"), assistant("b"), user("c"))
+    built = await stack.build("s1")
+
+    summary = (await stack.summary("s1")).summary
+
+    assert summary.last_compacted_message_id == built.boundary_message_id
+    assert summary.compact_count == 1
+    assert summary.model == "scripted-1"
+    assert summary.summary_text in built.messages[0].content[0].text
+    assert summary.update_time.ToMilliseconds() > 0
+    assert summary.input_tokens > 0
+
+
+async def test_events_page_newest_first_with_opaque_tokens(tmp_path: Path, database_url: str) -> None:
+    async with running_stack(tmp_path, database_url) as stack:
+        await stack.new_session("s1")
+        for n in range(3):
+            await stack.append("s1", user(f"q{n}"), assistant(f"a{n}"))
+            await stack.append("s1", user(f"next {n}"))
+            await stack.build("s1", run_id=f"run-{n}")
+        first = await stack.stub.ListCompactionEvents(
+            api.ListCompactionEventsRequest(session_id="s1", page_size=2), metadata=stack.user()
+        )
+        second = await stack.stub.ListCompactionEvents(
+            api.ListCompactionEventsRequest(session_id="s1", page_size=2, page_token=first.next_page_token),
+            metadata=stack.user(),
+        )
+        ids = [e.event_id for e in [*first.events, *second.events]]
+        assert ids == sorted(ids, reverse=True) and len(ids) == 3
+        assert not second.next_page_token
+        assert all(not e.summary_text for e in first.events)
+        await refused(
+            stack.stub.ListCompactionEvents(
+                api.ListCompactionEventsRequest(session_id="other", page_token=first.next_page_token),
+                metadata=stack.user(),
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_ARGUMENT",
+        )
+
+
+BAD_BUILDS: dict[str, dict[str, object]] = {
+    "session_id": {"session_id": "bad id!"},
+    "run_id": {"run_id": ""},
+    "trigger_point": {"trigger_point": api.TRIGGER_POINT_UNSPECIFIED},
+    "context_window_tokens": {"context_window_tokens": 10},
+    "system_prompt_sections[1].key": {
+        "system_prompt_sections": [
+            api.PromptSection(key="a", label="A"),
+            api.PromptSection(key="a", label="A again"),
+        ]
+    },
+    "system_prompt_sections[0].label": {"system_prompt_sections": [api.PromptSection(key="a", label="")]},
+    "memory_entries[0].text": {"memory_entries": [api.MemoryEntry(memory_id="m", text="  ")]},
+    "memory_entries[0].memory_id": {"memory_entries": [api.MemoryEntry(memory_id="", text="x")]},
+    "memory_entries": {"memory_entries": [api.MemoryEntry(memory_id=f"m{n}", text="x") for n in range(65)]},
+}
+
+
+@pytest.mark.parametrize("field", list(BAD_BUILDS))
+async def test_bad_build_context_input_is_refused_and_changes_nothing(stack: Stack, field: str) -> None:
+    await stack.new_session("s1")
+    await stack.append("s1", user("a"), assistant("b"), user("c"))
+    values: dict[str, object] = {
+        "session_id": "s1",
+        "run_id": "run-1",
+        "trigger_point": api.TRIGGER_POINT_REQUEST_START,
+    }
+    values.update(BAD_BUILDS[field])
+
+    error = await refused(
+        stack.stub.BuildContext(api.BuildContextRequest(**values), metadata=stack.user()),  # type: ignore[arg-type]
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_ARGUMENT",
+    )
+
+    assert [v.field for v in error.violations] == [field]
+    assert stack.provider.calls == []
+    assert await stack.record_rows("s1") == []
+
+
+@pytest.mark.parametrize(
+    ("rpc", "request_"),
+    [
+        ("CompactNow", api.CompactNowRequest(session_id="")),
+        ("CompactNow", api.CompactNowRequest(session_id="s1", context_window_tokens=-5)),
+        ("GetCompactionSummary", api.GetCompactionSummaryRequest(session_id="x" * 65)),
+        ("ListCompactionEvents", api.ListCompactionEventsRequest(session_id="s1", page_size=-1)),
+        ("ListCompactionEvents", api.ListCompactionEventsRequest(session_id="s1", page_token="garbage")),
+    ],
+)
+async def test_bad_input_of_other_rpcs_is_refused(stack: Stack, rpc: str, request_: object) -> None:
+    await stack.new_session("s1")
+
+    await refused(
+        getattr(stack.stub, rpc)(request_, metadata=stack.user()), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"
+    )
+
+    assert stack.provider.calls == []
+
+
+async def test_unknown_session_is_not_found(stack: Stack) -> None:
+    await refused(stack.build("nope"), grpc.StatusCode.NOT_FOUND, "SESSION_NOT_FOUND")
+
+
+async def test_a_call_without_an_acting_user_is_refused(stack: Stack) -> None:
+    await stack.new_session("s1")
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await stack.stub.GetCompactionSummary(
+            api.GetCompactionSummaryRequest(session_id="s1"), metadata=stack.transcript.system
+        )
+    assert raised.value.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT)
