@@ -158,3 +158,22 @@ async def test_open_provider_defaults_to_offline() -> None:
     assert provider.name == "offline"
     assert provider.model == OFFLINE_MODEL
     await provider.aclose()
+
+
+async def test_an_earlier_offline_summary_is_folded_forward() -> None:
+    provider = OfflineProvider()
+    first = await provider.complete(
+        [ChatMessage("user", "Fix src/a.py please."), ChatMessage("assistant", "Fixed it.")]
+    )
+    second = await provider.complete(
+        [
+            ChatMessage("assistant", first.text),
+            ChatMessage("user", "Now update docs/b.md."),
+            ChatMessage("assistant", "Done."),
+        ]
+    )
+
+    assert second.text.count("Extractive summary by the offline provider") == 1
+    for kept in ("Fix src/a.py please.", "src/a.py", "Now update docs/b.md.", "docs/b.md"):
+        assert kept in second.text
+    assert second.text.endswith("- Done.")
