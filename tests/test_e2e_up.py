@@ -17,7 +17,7 @@ from process_testing import alive, children_of
 pytestmark = pytest.mark.e2e
 
 CONTINUUM = Path(sys.executable).parent / "continuum"
-COMPONENTS = ("transcript", "gateway")
+COMPONENTS = ("transcript", "compaction", "gateway")
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
 
@@ -38,8 +38,13 @@ class Run:
         self.data_dir = tmp_path / "data"
         self.output = tmp_path / "continuum-up.out"
         # A newcomer's shell, minus any service configuration a developer may have exported.
-        env = {key: value for key, value in os.environ.items() if not key.startswith(("TRANSCRIPT_", "GATEWAY_"))}
-        argv = [str(CONTINUUM), "up", "--data-dir", str(self.data_dir), "--gateway-port", "0", "--transcript-port", "0"]
+        env = {
+            key: value
+            for key, value in os.environ.items()
+            if not key.startswith(("TRANSCRIPT_", "COMPACTION_", "GATEWAY_"))
+        }
+        argv = [str(CONTINUUM), "up", "--data-dir", str(self.data_dir)]
+        argv += [f"--{name}-port=0" for name in COMPONENTS]
         with open(self.output, "wb") as output:
             self.process = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=output, stderr=subprocess.STDOUT)
         self.child_pids: set[int] = set()
@@ -89,7 +94,7 @@ def run(tmp_path: Path) -> Iterator[Run]:
         started.kill_leftovers()
 
 
-def test_up_serves_sessions_and_messages_and_stops_on_ctrl_c(run: Run) -> None:
+def test_up_serves_sessions_messages_and_compaction_and_stops_on_ctrl_c(run: Run) -> None:
     def supervisor_running() -> None:
         if run.process.poll() is not None:
             pytest.fail(f"`continuum up` exited early\n{run.diagnostics()}")
@@ -126,6 +131,13 @@ def test_up_serves_sessions_and_messages_and_stops_on_ctrl_c(run: Run) -> None:
             )
             assert appended.is_success, appended.text
         listed = client.get(f"/v1/sessions/{session_id}/messages", params={"after": 0})
+        # The gateway reaches compaction, which reaches transcript for the session's owner.
+        summary = client.get(f"/v1/sessions/{session_id}/compaction")
+        compacted = client.post(f"/v1/sessions/{session_id}/compaction:compactNow")
+
+    assert (summary.status_code, summary.json()) == (httpx.codes.OK, {"data": None}), summary.text
+    assert compacted.status_code == httpx.codes.OK, compacted.text
+    assert compacted.json()["state"] == "COMPACT_NOW_STATE_COMPLETED"
 
     assert listed.status_code == httpx.codes.OK, listed.text
     messages = listed.json()["messages"]

@@ -34,6 +34,8 @@ class Component:
     dev_token: bool = False
     # `python -m <module> migrate` exists (what `continuum migrate <name>` runs).
     migrates: bool = False
+    # `python -m <module> cleanup` exists (what `continuum cleanup <name>` runs).
+    cleans_up: bool = False
 
     @property
     def module(self) -> str:
@@ -45,10 +47,19 @@ class Component:
 COMPONENTS: tuple[Component, ...] = (
     Component("transcript", ("continuum_transcript", "serve"), "TRANSCRIPT_", default_port=50151, migrates=True),
     Component(
+        "compaction",
+        ("continuum_compaction", "serve"),
+        "COMPACTION_",
+        depends_on=("transcript",),
+        default_port=50152,
+        migrates=True,
+        cleans_up=True,
+    ),
+    Component(
         "gateway",
         ("continuum_gateway",),
         "GATEWAY_",
-        depends_on=("transcript",),
+        depends_on=("transcript", "compaction"),
         protocol=Protocol.HTTP,
         default_port=8080,
         dev_token=True,
@@ -71,3 +82,8 @@ def check_order(components: Sequence[Component]) -> None:
 def migratable(components: Sequence[Component] = COMPONENTS) -> dict[str, Component]:
     """The components `continuum migrate` accepts, by name."""
     return {component.name: component for component in components if component.migrates}
+
+
+def cleanable(components: Sequence[Component] = COMPONENTS) -> dict[str, Component]:
+    """The components `continuum cleanup` accepts, by name."""
+    return {component.name: component for component in components if component.cleans_up}

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from continuum_cli.components import COMPONENTS, Component, migratable
+from continuum_cli.components import COMPONENTS, Component, cleanable, migratable
 from continuum_cli.follow import DEFAULT_USER, TOKEN_ENV, default_address, follow
-from continuum_cli.migrate import migrate
+from continuum_cli.migrate import cleanup, migrate
 from continuum_cli.supervisor import up
-
-EXIT_USAGE = 2
 
 
 def port_number(text: str) -> int:
@@ -75,8 +72,12 @@ def build_parser(components: Sequence[Component] = COMPONENTS) -> argparse.Argum
         "--user", default=DEFAULT_USER, help=f"the user who owns the session (default: {DEFAULT_USER})"
     )
 
-    cleanup_parser = commands.add_parser("cleanup", help="not built yet")
-    cleanup_parser.add_argument("service")
+    cleaned = sorted(cleanable(components))
+    cleanup_parser = commands.add_parser(
+        "cleanup",
+        help="remove what one service still holds for deleted sessions, and exit (configured by its own env vars)",
+    )
+    cleanup_parser.add_argument("service", choices=cleaned, help=f"one of: {', '.join(cleaned)}")
     return parser
 
 
@@ -91,5 +92,4 @@ def main(argv: Sequence[str] | None = None, components: Sequence[Component] = CO
     if args.command == "follow":
         return follow(args.session_id, args.address, args.token_env, args.user)
     # argparse accepts nothing else; only `cleanup` remains.
-    print(f"continuum cleanup {args.service}: not built yet; nothing was done.", file=sys.stderr)
-    return EXIT_USAGE
+    return cleanup(cleanable(components)[args.service])

@@ -3,8 +3,8 @@
 It behaves like the real contract (prefixed env vars, port file, health, graceful SIGTERM) and records
 what it saw under its data dir. `FAKE_<NAME>_MODE` (inherited from the test) makes it misbehave:
 `crash` exits 3 at once, `unready` never reports healthy, `exit-later` exits 4 after a second,
-`stubborn` ignores SIGTERM. `python -m cli_fake_component migrate` records its environment and
-exits with `FAKE_MIGRATE_EXIT`.
+`stubborn` ignores SIGTERM. `python -m cli_fake_component migrate|cleanup` records its command line
+and `ALPHA_*`/`BETA_*` environment in `FAKE_COMMAND_RECORD` and exits with `FAKE_COMMAND_EXIT`.
 """
 
 from __future__ import annotations
@@ -69,9 +69,10 @@ def _serve_http(host: str, port: int, ready: bool) -> tuple[int, object]:
 
 def main() -> int:
     """Run as the component named on the command line until SIGTERM."""
-    if sys.argv[1] == "migrate":
-        _record(Path(os.environ["FAKE_MIGRATE_RECORD"]), json.dumps(sys.argv[1:]))
-        return int(os.environ.get("FAKE_MIGRATE_EXIT", "0"))
+    if sys.argv[1] in ("migrate", "cleanup"):
+        seen = {key: value for key, value in os.environ.items() if key.startswith(RECORDED_PREFIXES)}
+        _record(Path(os.environ["FAKE_COMMAND_RECORD"]), json.dumps({"argv": sys.argv[1:], "env": seen}))
+        return int(os.environ.get("FAKE_COMMAND_EXIT", "0"))
     name, protocol = sys.argv[1], sys.argv[2]
     prefix = f"{name.upper()}_"
     mode = os.environ.get(f"FAKE_{name.upper()}_MODE", "ok")

@@ -10,13 +10,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic_settings import BaseSettings
 
-from continuum_cli.components import COMPONENTS, Component, Protocol, check_order, migratable
+from continuum_cli.components import COMPONENTS, Component, Protocol, check_order, cleanable, migratable
 from continuum_cli.main import build_parser, main
 from continuum_cli.ports import port_in_use
 from continuum_cli.rundir import RunDir
 from continuum_cli.supervisor import component_env, describe_exit
 from continuum_cli.tokens import load_or_create_dev_token
+from continuum_compaction.settings import CompactionSettings
+from continuum_gateway.settings import GatewaySettings
 
 HERE = Path(__file__).parent
 
@@ -27,12 +30,15 @@ def test_up_defaults() -> None:
     assert args.data_dir == Path(".continuum")
     assert args.port_gateway == 8080
     assert args.port_transcript == 50151
+    assert args.port_compaction == 50152
 
 
 def test_up_options() -> None:
-    args = build_parser().parse_args(["up", "--data-dir", "/x", "--gateway-port", "0", "--transcript-port", "7"])
+    args = build_parser().parse_args(
+        ["up", "--data-dir", "/x", "--gateway-port", "0", "--transcript-port", "7", "--compaction-port", "8"]
+    )
 
-    assert (args.data_dir, args.port_gateway, args.port_transcript) == (Path("/x"), 0, 7)
+    assert (args.data_dir, args.port_gateway, args.port_transcript, args.port_compaction) == (Path("/x"), 0, 7, 8)
 
 
 @pytest.mark.parametrize("port", ["-1", "65536", "eighty"])
@@ -44,26 +50,21 @@ def test_bad_port_is_a_usage_error(port: str, capsys: pytest.CaptureFixture[str]
     assert "--gateway-port" in capsys.readouterr().err
 
 
-def test_migrate_of_an_unknown_service_is_a_usage_error_naming_the_valid_ones(
-    capsys: pytest.CaptureFixture[str],
+@pytest.mark.parametrize(("command", "valid"), [("migrate", "'compaction', 'transcript'"), ("cleanup", "'compaction'")])
+def test_an_unknown_service_is_a_usage_error_naming_the_valid_ones(
+    command: str, valid: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        main(["migrate", "compaction"])
+        main([command, "gateway"])
 
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert "invalid choice: 'compaction'" in err
-    assert "transcript" in err
+    assert f"invalid choice: 'gateway' (choose from {valid})" in err
 
 
-def test_cleanup_says_it_is_not_built(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["cleanup", "transcript"]) == 2
-    assert "not built yet" in capsys.readouterr().err
-
-
-def test_the_table_starts_transcript_then_the_gateway_that_needs_it() -> None:
+def test_the_table_starts_transcript_then_compaction_then_the_gateway_that_needs_both() -> None:
     check_order(COMPONENTS)
-    transcript, gateway = COMPONENTS
+    transcript, compaction, gateway = COMPONENTS
 
     assert (transcript.name, transcript.argv, transcript.env_prefix) == (
         "transcript",
@@ -71,12 +72,44 @@ def test_the_table_starts_transcript_then_the_gateway_that_needs_it() -> None:
         "TRANSCRIPT_",
     )
     assert transcript.protocol is Protocol.GRPC
+    assert (compaction.name, compaction.argv, compaction.env_prefix) == (
+        "compaction",
+        ("continuum_compaction", "serve"),
+        "COMPACTION_",
+    )
+    assert (compaction.protocol, compaction.depends_on, compaction.default_port) == (
+        Protocol.GRPC,
+        ("transcript",),
+        50152,
+    )
     assert (gateway.name, gateway.argv, gateway.env_prefix) == ("gateway", ("continuum_gateway",), "GATEWAY_")
-    assert gateway.depends_on == ("transcript",)
+    assert gateway.depends_on == ("transcript", "compaction")
     assert gateway.protocol is Protocol.HTTP
     assert gateway.dev_token
     assert not transcript.dev_token
-    assert set(migratable()) == {"transcript"}
+    assert not compaction.dev_token
+    assert set(migratable()) == {"transcript", "compaction"}
+    assert set(cleanable()) == {"compaction"}
+
+
+@pytest.mark.parametrize(
+    ("component", "settings"), [(COMPONENTS[1], CompactionSettings), (COMPONENTS[2], GatewaySettings)]
+)
+def test_every_variable_up_sets_is_a_setting_of_the_component(
+    component: Component, settings: type[BaseSettings], tmp_path: Path
+) -> None:
+    env = component_env(
+        component,
+        data_dir=tmp_path,
+        port=0,
+        service_token="service",
+        dev_token="dev",
+        addresses={name: "127.0.0.1:5" for name in component.depends_on},
+    )
+
+    fields = {name.removeprefix(component.env_prefix).lower() for name in env}
+    assert fields <= set(settings.model_fields), fields - set(settings.model_fields)
+    assert settings.model_config.get("env_prefix") == component.env_prefix
 
 
 @pytest.mark.parametrize(
@@ -91,8 +124,8 @@ def test_the_table_rejects_bad_orders(table: tuple[Component, ...], message: str
         check_order(table)
 
 
-def test_the_gateway_env_names_the_transcript_address_and_the_dev_token(tmp_path: Path) -> None:
-    gateway = COMPONENTS[1]
+def test_the_gateway_env_names_both_upstream_addresses_and_the_dev_token(tmp_path: Path) -> None:
+    gateway = COMPONENTS[2]
 
     env = component_env(
         gateway,
@@ -100,7 +133,7 @@ def test_the_gateway_env_names_the_transcript_address_and_the_dev_token(tmp_path
         port=0,
         service_token="service",
         dev_token="dev",
-        addresses={"transcript": "127.0.0.1:5"},
+        addresses={"transcript": "127.0.0.1:5", "compaction": "127.0.0.1:6"},
     )
 
     assert env == {
@@ -109,7 +142,27 @@ def test_the_gateway_env_names_the_transcript_address_and_the_dev_token(tmp_path
         "GATEWAY_PORT": "0",
         "GATEWAY_SERVICE_TOKEN": "service",
         "GATEWAY_TRANSCRIPT_ADDRESS": "127.0.0.1:5",
+        "GATEWAY_COMPACTION_ADDRESS": "127.0.0.1:6",
         "GATEWAY_DEV_TOKEN": "dev",
+    }
+
+
+def test_the_compaction_env_names_the_transcript_address(tmp_path: Path) -> None:
+    env = component_env(
+        COMPONENTS[1],
+        data_dir=tmp_path,
+        port=50152,
+        service_token="service",
+        dev_token="dev",
+        addresses={"transcript": "127.0.0.1:5"},
+    )
+
+    assert env == {
+        "COMPACTION_DATA_DIR": str(tmp_path),
+        "COMPACTION_HOST": "127.0.0.1",
+        "COMPACTION_PORT": "50152",
+        "COMPACTION_SERVICE_TOKEN": "service",
+        "COMPACTION_TRANSCRIPT_ADDRESS": "127.0.0.1:5",
     }
 
 
@@ -166,20 +219,30 @@ def test_read_port(tmp_path: Path, content: str, port: int | None) -> None:
     assert run_dir.read_port("transcript") == port
 
 
-def test_migrate_runs_the_service_module_with_the_inherited_env_and_exits_with_its_code(tmp_path: Path) -> None:
-    record = tmp_path / "migrate.json"
+@pytest.mark.parametrize("command", ["migrate", "cleanup"])
+def test_a_maintenance_command_runs_the_service_module_with_the_inherited_env_and_exits_with_its_code(
+    command: str, tmp_path: Path
+) -> None:
+    record = tmp_path / f"{command}.json"
     program = (
         "import sys\n"
         "from continuum_cli.components import Component\n"
-        "from continuum_cli.migrate import migrate\n"
-        "sys.exit(migrate(Component('alpha', ('cli_fake_component', 'alpha', 'grpc'), 'ALPHA_', migrates=True)))\n"
+        "from continuum_cli.main import main\n"
+        "alpha = Component('alpha', ('cli_fake_component', 'alpha', 'grpc'), 'ALPHA_', migrates=True, cleans_up=True)\n"
+        f"sys.exit(main([{command!r}, 'alpha'], components=(alpha,)))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(HERE), "FAKE_MIGRATE_RECORD": str(record), "FAKE_MIGRATE_EXIT": "5"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(HERE),
+        "FAKE_COMMAND_RECORD": str(record),
+        "FAKE_COMMAND_EXIT": "5",
+        "ALPHA_DATA_DIR": "/somewhere",
+    }
 
     result = subprocess.run([sys.executable, "-c", program], env=env, check=False, timeout=30)
 
     assert result.returncode == 5
-    assert json.loads(record.read_text()) == ["migrate"]
+    assert json.loads(record.read_text()) == {"argv": [command], "env": {"ALPHA_DATA_DIR": "/somewhere"}}
 
 
 def test_a_listening_port_is_in_use_and_a_closed_one_is_not() -> None:

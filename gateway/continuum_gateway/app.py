@@ -16,7 +16,17 @@ from contextlib import asynccontextmanager
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
-from continuum_gateway import capabilities, follow, follow_hub, health, messages, outline, sessions, upstream
+from continuum_gateway import (
+    capabilities,
+    compaction,
+    follow,
+    follow_hub,
+    health,
+    messages,
+    outline,
+    sessions,
+    upstream,
+)
 from continuum_gateway.access_log import AccessLogMiddleware
 from continuum_gateway.auth import Authenticator, AuthMiddleware
 from continuum_gateway.body_limit import BodyLimitMiddleware
@@ -52,6 +62,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
             *sessions.ROUTES,
             *messages.ROUTES,
             *outline.ROUTES,
+            *compaction.ROUTES,
             *follow.routes(settings),
         ],
         middleware=[

@@ -1,11 +1,13 @@
 """The protocol capabilities the gateway speaks, and the route advertising them.
 
-GET /v1/capabilities   200 {"capabilities": ["transcript-v2", "history-outline-v1"]}
+GET /v1/capabilities   200 {"capabilities": ["transcript-v2", "history-outline-v1", "compaction-v1"]}
 
 ``transcript-v2``       the Follow WebSocket (`continuum_gateway.follow`); a browser must name it in
                         its hello, and one that does not is refused with UPGRADE_REQUIRED.
 ``history-outline-v1``  GET /session-history/outline (`continuum_gateway.outline`); answered with
                         ``"status": "unsupported"`` unless the browser advertises it.
+``compaction-v1``       the compaction routes (`continuum_gateway.compaction`): the session's summary,
+                        its compaction events, and ``:compactNow``.
 
 Like every route outside the probes, it needs a bearer token.
 """
@@ -18,7 +20,8 @@ from starlette.routing import Route
 
 TRANSCRIPT_V2 = "transcript-v2"
 HISTORY_OUTLINE_V1 = "history-outline-v1"
-ADVERTISED = (TRANSCRIPT_V2, HISTORY_OUTLINE_V1)
+COMPACTION_V1 = "compaction-v1"
+ADVERTISED = (TRANSCRIPT_V2, HISTORY_OUTLINE_V1, COMPACTION_V1)
 
 
 async def list_capabilities(request: Request) -> Response:

@@ -1,9 +1,10 @@
 """Probes, open without credentials.
 
 GET /healthz  200 {"status": "ok"} while the process serves HTTP (liveness).
-GET /readyz   200 {"status": "ok", "upstreams": {"transcript": "SERVING"}} when every upstream
-              reports SERVING on the standard gRPC health service; otherwise 503 UNAVAILABLE
-              (AIP-193) whose ErrorInfo metadata gives each upstream's status (readiness).
+GET /readyz   200 {"status": "ok", "upstreams": {"transcript": "SERVING", "compaction": "SERVING"}}
+              when every upstream reports SERVING on the standard gRPC health service; otherwise
+              503 UNAVAILABLE (AIP-193) whose ErrorInfo metadata gives each upstream's status
+              (readiness).
 """
 
 from __future__ import annotations

@@ -5,6 +5,11 @@ GET    /v1/sessions                  ListSessions    (?pageSize=&pageToken=&pare
 GET    /v1/sessions/{session_id}     GetSession      (?includeDeleted=true|false)
 PATCH  /v1/sessions/{session_id}     UpdateSession   (body: Session fields; ?updateMask=title,model)
 DELETE /v1/sessions/{session_id}     DeleteSession
+
+`updateMask` names proto JSON fields, comma-separated; transcript decides which may change (title,
+model, workingDirectory, memoryInjectionDisabled, metadata) and refuses the rest with 400. For example
+``PATCH ...?updateMask=memoryInjectionDisabled`` with ``{"memoryInjectionDisabled": true}`` turns off
+long-term memory injection into the session's model requests; the gateway keeps no list of its own.
 """
 
 from __future__ import annotations

@@ -32,6 +32,8 @@ class GatewaySettings(BaseSettings):
     data_dir: Path = Path(".continuum")
     # host:port of the transcript gRPC service.
     transcript_address: str = "127.0.0.1:50151"
+    # host:port of the compaction gRPC service.
+    compaction_address: str = "127.0.0.1:50152"
     # The credential the gateway presents to the services.
     service_token: SecretStr = SecretStr("")
     # Browser bearer token -> user id, given as a JSON object. Keys are secrets; the ids are not.

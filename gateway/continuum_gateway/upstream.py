@@ -7,6 +7,7 @@ service credential and the acting user, so the service (not the gateway) decides
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -17,6 +18,7 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from starlette.requests import HTTPConnection, Request
 
+from continuum.compaction.v1 import compaction_service_pb2, compaction_service_pb2_grpc
 from continuum.transcript.v1 import transcript_service_pb2, transcript_service_pb2_grpc
 from continuum_gateway.auth import acting_user
 from continuum_gateway.errors import UpstreamError
@@ -28,6 +30,8 @@ logger = logging.getLogger("continuum.gateway")
 
 TRANSCRIPT = "transcript"
 TRANSCRIPT_SERVICE = transcript_service_pb2.DESCRIPTOR.services_by_name["TranscriptService"].full_name
+COMPACTION = "compaction"
+COMPACTION_SERVICE = compaction_service_pb2.DESCRIPTOR.services_by_name["CompactionService"].full_name
 # Key of the lifespan state entry holding the `Upstreams`.
 STATE_KEY = "upstreams"
 # The health service's name for a ready upstream.
@@ -41,6 +45,9 @@ class Upstreams:
         self._transcript_channel = open_channel(settings.transcript_address, settings.grpc_max_message_bytes)
         self.transcript = transcript_service_pb2_grpc.TranscriptServiceStub(self._transcript_channel)
         self._transcript_health = health_pb2_grpc.HealthStub(self._transcript_channel)
+        self._compaction_channel = open_channel(settings.compaction_address, settings.grpc_max_message_bytes)
+        self.compaction = compaction_service_pb2_grpc.CompactionServiceStub(self._compaction_channel)
+        self._compaction_health = health_pb2_grpc.HealthStub(self._compaction_channel)
         self._service_token = settings.service_token
         self._timeout = settings.upstream_timeout_seconds
         self._readiness_timeout = settings.readiness_timeout_seconds
@@ -56,11 +63,21 @@ class Upstreams:
 
         A failed call raises `UpstreamError`, which the app turns into the matching HTTP error.
         """
+        return await self._call(TRANSCRIPT, rpc, request, user)
+
+    async def call_compaction(self, rpc: Callable[..., Awaitable[Any]], request: Message, *, user: str) -> Any:
+        """Call a compaction RPC (e.g. ``upstreams.compaction.CompactNow``) on behalf of `user`.
+
+        A failed call raises `UpstreamError`, which the app turns into the matching HTTP error.
+        """
+        return await self._call(COMPACTION, rpc, request, user)
+
+    async def _call(self, upstream: str, rpc: Callable[..., Awaitable[Any]], request: Message, user: str) -> Any:
         metadata = call_metadata(self._service_token.get_secret_value(), user)
         try:
             return await rpc(request, metadata=metadata, timeout=self._timeout)
         except grpc.aio.AioRpcError as error:
-            raise UpstreamError(TRANSCRIPT, error) from None
+            raise UpstreamError(upstream, error) from None
 
     @asynccontextmanager
     async def follow_transcript(
@@ -86,19 +103,27 @@ class Upstreams:
 
         Values are the health service's names ("SERVING", "NOT_SERVING", ...), or the gRPC code name
         of the failed check (e.g. "UNAVAILABLE" when nothing listens, "DEADLINE_EXCEEDED" when the
-        check takes longer than the readiness timeout).
+        check takes longer than the readiness timeout). The upstreams are checked concurrently, so
+        the answer takes at most one readiness timeout.
         """
-        request = health_pb2.HealthCheckRequest(service=TRANSCRIPT_SERVICE)
+        transcript, compaction = await asyncio.gather(
+            self._check(self._transcript_health, TRANSCRIPT_SERVICE),
+            self._check(self._compaction_health, COMPACTION_SERVICE),
+        )
+        return {TRANSCRIPT: transcript, COMPACTION: compaction}
+
+    async def _check(self, stub: health_pb2_grpc.HealthStub, service: str) -> str:
+        request = health_pb2.HealthCheckRequest(service=service)
         try:
-            response = await self._transcript_health.Check(request, timeout=self._readiness_timeout)
-            status = str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
+            response = await stub.Check(request, timeout=self._readiness_timeout)
+            return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
         except grpc.aio.AioRpcError as error:
-            status = str(error.code().name)
-        return {TRANSCRIPT: status}
+            return str(error.code().name)
 
     async def close(self) -> None:
         """Close every channel; calls still in flight are cancelled."""
         await self._transcript_channel.close()
+        await self._compaction_channel.close()
 
 
 @asynccontextmanager
@@ -106,7 +131,10 @@ async def connect(settings: GatewaySettings) -> AsyncIterator[Upstreams]:
     """Open the channels for the app's lifetime. Channels connect lazily, so a service that is down
     at start-up does not stop the gateway; /readyz reports it instead."""
     upstreams = Upstreams(settings)
-    logger.info("upstreams configured", extra={TRANSCRIPT: settings.transcript_address})
+    logger.info(
+        "upstreams configured",
+        extra={TRANSCRIPT: settings.transcript_address, COMPACTION: settings.compaction_address},
+    )
     try:
         yield upstreams
     finally:
@@ -128,3 +156,12 @@ async def call_transcript(request: Request, select: TranscriptRpc, message: Mess
     """Call the transcript RPC `select` picks (e.g. ``lambda t: t.GetSession``) for the request's user."""
     upstreams = upstreams_of(request)
     return await upstreams.call_transcript(select(upstreams.transcript), message, user=acting_user(request))
+
+
+CompactionRpc = Callable[[compaction_service_pb2_grpc.CompactionServiceStub], Callable[..., Awaitable[Any]]]
+
+
+async def call_compaction(request: Request, select: CompactionRpc, message: Message) -> Any:
+    """Call the compaction RPC `select` picks (e.g. ``lambda c: c.CompactNow``) for the request's user."""
+    upstreams = upstreams_of(request)
+    return await upstreams.call_compaction(select(upstreams.compaction), message, user=acting_user(request))

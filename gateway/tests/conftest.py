@@ -1,4 +1,4 @@
-"""Gateway fixtures: a real transcript server on port 0 and in-process gateway clients."""
+"""Gateway fixtures: real transcript and compaction servers on port 0 and in-process gateway clients."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import pytest
 from gateway_testing import SERVICE_TOKEN, gateway_settings, serving, unused_address
 from pydantic import SecretStr
 
+from continuum_compaction.server import start as start_compaction
+from continuum_compaction.settings import CompactionSettings
 from continuum_gateway.app import create_app
 from continuum_runtime.server import GrpcService
 from continuum_transcript.server import start
@@ -33,11 +35,37 @@ async def transcript(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[
 
 
 @pytest.fixture(scope="module")
+async def compaction(transcript: GrpcService, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[GrpcService]:
+    """A real compaction service on its own embedded SQLite file, in front of `transcript`.
+
+    Default thresholds and the built-in offline provider (no `provider` given); it does not watch
+    transcript's session events, which the gateway tests do not need.
+    """
+    settings = CompactionSettings(
+        data_dir=tmp_path_factory.mktemp("compaction"),
+        database_url="",
+        port=0,
+        service_token=SecretStr(SERVICE_TOKEN),
+        transcript_address=f"127.0.0.1:{transcript.port}",
+        consume_session_events=False,
+    )
+    service = await start_compaction(settings)
+    try:
+        yield service
+    finally:
+        await service.stop(grace=0)
+
+
+@pytest.fixture(scope="module")
 async def gateway(
-    transcript: GrpcService, tmp_path_factory: pytest.TempPathFactory
+    transcript: GrpcService, compaction: GrpcService, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[httpx.AsyncClient]:
-    """A gateway client whose upstream is the real transcript service."""
-    settings = gateway_settings(tmp_path_factory.mktemp("gateway"), f"127.0.0.1:{transcript.port}")
+    """A gateway client whose upstreams are the real transcript and compaction services."""
+    settings = gateway_settings(
+        tmp_path_factory.mktemp("gateway"),
+        f"127.0.0.1:{transcript.port}",
+        compaction_address=f"127.0.0.1:{compaction.port}",
+    )
     async with serving(create_app(settings)) as client:
         yield client
 

@@ -22,11 +22,16 @@ USERS = {ALICE_TOKEN: "alice", BOB_TOKEN: "bob"}
 
 
 def gateway_settings(data_dir: Path, transcript_address: str, **overrides: object) -> GatewaySettings:
-    """Settings of a test gateway: two users, the test service token, port 0."""
+    """Settings of a test gateway: two users, the test service token, port 0.
+
+    Compaction is an address where nothing listens unless `compaction_address` is given, so a
+    developer's own compaction on the default port never answers a test.
+    """
     values: dict[str, object] = {
         "data_dir": data_dir,
         "port": 0,
         "transcript_address": transcript_address,
+        "compaction_address": unused_address(),
         "service_token": SecretStr(SERVICE_TOKEN),
         "users": {SecretStr(token): user for token, user in USERS.items()},
         "readiness_timeout_seconds": 2.0,

@@ -223,5 +223,5 @@ async def test_a_malformed_pin_is_400(gateway: httpx.AsyncClient) -> None:
 async def test_capabilities_are_advertised(gateway: httpx.AsyncClient) -> None:
     response = await gateway.get("/v1/capabilities", headers=ALICE)
     assert response.status_code == 200, response.text
-    assert response.json() == {"capabilities": ["transcript-v2", "history-outline-v1"]}
+    assert response.json() == {"capabilities": ["transcript-v2", "history-outline-v1", "compaction-v1"]}
     assert_error(await gateway.get("/v1/capabilities"), 401, "UNAUTHENTICATED")

@@ -13,8 +13,8 @@ class ProviderSettings(BaseModel):
     """Settings of one model provider. The default, ``offline``, needs no key and no network.
 
     A service nests it as a field, e.g. ``provider: ProviderSettings = ProviderSettings()``; with
-    ``env_nested_delimiter="_"`` and ``env_nested_max_split=1`` in the service's settings config it
-    reads ``COMPACTION_PROVIDER_KIND``, ``COMPACTION_PROVIDER_BASE_URL`` and so on.
+    ``env_nested_delimiter="__"`` in the service's settings config it reads
+    ``COMPACTION_PROVIDER__KIND``, ``COMPACTION_PROVIDER__BASE_URL`` and so on.
     """
 
     model_config = ConfigDict(frozen=True, extra="ignore", hide_input_in_errors=True)

@@ -9,6 +9,7 @@ import sys
 
 from continuum_compaction import SERVICE_NAME
 from continuum_compaction.cleanup import reconcile
+from continuum_compaction.errors import CompactionError
 from continuum_compaction.server import migrate, open_database, open_transcript, start
 from continuum_compaction.settings import CompactionSettings
 from continuum_runtime.logs import configure_logging
@@ -26,6 +27,10 @@ async def _cleanup(settings: CompactionSettings) -> None:
     transcript = open_transcript(settings)
     try:
         deleted, removed = await reconcile(database, transcript)
+    except CompactionError as error:
+        # An operator's terminal wants the reason, not a traceback.
+        sys.stderr.write(f"cleanup failed: {error.message}\n")
+        raise SystemExit(1) from error
     finally:
         await transcript.close()
         await database.dispose()
