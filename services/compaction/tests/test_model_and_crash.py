@@ -136,9 +136,12 @@ async def test_kill_9_while_the_model_works_leaves_nothing_half_written(tmp_path
                 return response
 
             pending = asyncio.create_task(build())
-            await eventually(lambda: len(server.requests) == 1)
-            process.send_signal(signal.SIGKILL)
-            await process.wait()
+            try:
+                await eventually(lambda: len(server.requests) == 1)
+            finally:
+                # Killed in every case, so a failed wait leaves no server behind.
+                process.send_signal(signal.SIGKILL)
+                await process.wait()
             await asyncio.gather(pending, return_exceptions=True)
             await channel.close()
 

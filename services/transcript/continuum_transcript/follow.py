@@ -115,7 +115,7 @@ async def read_page_at(database: Database, session_id: str, seq: int, size: int)
     query = (
         select(messages)
         .where(messages.c.session_id == session_id, messages.c.deleted.is_(False), messages.c.commit_seq <= seq)
-        .order_by(messages.c.message_id.desc())
+        .order_by(*messages_store.NEWEST_FIRST)
         .limit(size + 1)
     )
     async with database.connection() as connection:

@@ -70,6 +70,14 @@ async def get(connection: AsyncConnection, owner: str, session_id: str, message_
     return row
 
 
+# A session's messages in id order, spelled as the (session_id, deleted, message_id) index orders them.
+# Ordering by message_id alone lets PostgreSQL's generic plan for a prepared statement walk the primary
+# key from the bound and filter out every later message of every other session (tens of ms once other
+# sessions wrote 100k messages after an old boundary); this order makes the index the obvious plan.
+OLDEST_FIRST = (messages.c.session_id, messages.c.deleted, messages.c.message_id)
+NEWEST_FIRST = (messages.c.session_id.desc(), messages.c.deleted.desc(), messages.c.message_id.desc())
+
+
 async def list_after(
     connection: AsyncConnection, owner: str, session_id: str, after_message_id: int, limit: int
 ) -> list[RowMapping]:
@@ -82,7 +90,7 @@ async def list_after(
             messages.c.deleted.is_(False),
             messages.c.message_id > after_message_id,
         )
-        .order_by(messages.c.message_id)
+        .order_by(*OLDEST_FIRST)
         .limit(limit)
     )
     return list((await connection.execute(query)).mappings())
@@ -104,10 +112,10 @@ async def page(
     if seq_pin is not None:
         live = live & (messages.c.commit_seq <= seq_pin)
     if newer:
-        query = select(messages).where(live, messages.c.message_id > anchor).order_by(messages.c.message_id)
+        query = select(messages).where(live, messages.c.message_id > anchor).order_by(*OLDEST_FIRST)
     else:
         bound = messages.c.message_id < anchor if anchor else messages.c.message_id.is_not(None)
-        query = select(messages).where(live, bound).order_by(messages.c.message_id.desc())
+        query = select(messages).where(live, bound).order_by(*NEWEST_FIRST)
     rows = list((await connection.execute(query.limit(size + 1))).mappings())
     more = len(rows) > size
     rows = rows[:size]
