@@ -123,46 +123,63 @@ class TranscriptClient:
         return str(response.session.session_id)
 
 
+@dataclass(frozen=True)
+class ServiceProcess:
+    """A Continuum component running as its own process on port 0."""
+
+    pid: int
+    port: int
+    data_dir: str
+
+
 @asynccontextmanager
-async def transcript_server(database: BenchDatabase) -> AsyncIterator[TranscriptClient]:
-    """The real transcript service as its own process (its production shape, so the load
-    generator never shares its interpreter), migrated on start, and a client to it."""
-    with tempfile.TemporaryDirectory(prefix="continuum-bench-") as data_dir:
-        port_file = Path(data_dir) / "run" / "transcript.port"
-        env = {
-            **os.environ,
-            "TRANSCRIPT_DATA_DIR": data_dir,
-            "TRANSCRIPT_DATABASE_URL": database.service_url,
-            "TRANSCRIPT_PORT": "0",
-            "TRANSCRIPT_SERVICE_TOKEN": SERVICE_TOKEN,
-            "TRANSCRIPT_LOG_LEVEL": "WARNING",
-        }
-        process = await asyncio.create_subprocess_exec(sys.executable, "-m", "continuum_transcript", "serve", env=env)
+async def service_process(argv: Sequence[str], name: str, env: dict[str, str]) -> AsyncIterator[ServiceProcess]:
+    """`python -m <argv...>` with `env` added (its `*_DATA_DIR` is given here as `{data_dir}`), until
+    its port file appears; terminated on exit, with the CPU it used logged."""
+    with tempfile.TemporaryDirectory(prefix=f"continuum-bench-{name}-") as data_dir:
+        port_file = Path(data_dir) / "run" / f"{name}.port"
+        resolved = {key: value.replace("{data_dir}", data_dir) for key, value in env.items()}
+        process = await asyncio.create_subprocess_exec(sys.executable, "-m", *argv, env={**os.environ, **resolved})
         try:
             for _ in range(600):
                 if port_file.exists() or process.returncode is not None:
                     break
                 await asyncio.sleep(0.05)
             if not port_file.exists():
-                raise RuntimeError("the transcript server did not start")
+                raise RuntimeError(f"the {name} server did not start")
             port = int(port_file.read_text())
-            log(f"transcript server (pid {process.pid}) listening on 127.0.0.1:{port}")
-            channel = open_channel(f"127.0.0.1:{port}")
-            try:
-                yield TranscriptClient(
-                    api_grpc.TranscriptServiceStub(channel),
-                    channel,
-                    call_metadata(SERVICE_TOKEN, BENCH_USER),
-                    process.pid,
-                    f"127.0.0.1:{port}",
-                )
-            finally:
-                await channel.close()
+            log(f"{name} server (pid {process.pid}) listening on 127.0.0.1:{port}")
+            yield ServiceProcess(process.pid, port, data_dir)
         finally:
             if process.returncode is None:
-                log(f"transcript server used {process_cpu_seconds(process.pid):.1f} s of CPU")
+                log(f"{name} server used {process_cpu_seconds(process.pid):.1f} s of CPU")
                 process.terminate()
                 await process.wait()
+
+
+@asynccontextmanager
+async def transcript_server(database: BenchDatabase) -> AsyncIterator[TranscriptClient]:
+    """The real transcript service as its own process (its production shape, so the load
+    generator never shares its interpreter), migrated on start, and a client to it."""
+    env = {
+        "TRANSCRIPT_DATA_DIR": "{data_dir}",
+        "TRANSCRIPT_DATABASE_URL": database.service_url,
+        "TRANSCRIPT_PORT": "0",
+        "TRANSCRIPT_SERVICE_TOKEN": SERVICE_TOKEN,
+        "TRANSCRIPT_LOG_LEVEL": "WARNING",
+    }
+    async with service_process(("continuum_transcript", "serve"), "transcript", env) as process:
+        channel = open_channel(f"127.0.0.1:{process.port}")
+        try:
+            yield TranscriptClient(
+                api_grpc.TranscriptServiceStub(channel),
+                channel,
+                call_metadata(SERVICE_TOKEN, BENCH_USER),
+                process.pid,
+                f"127.0.0.1:{process.port}",
+            )
+        finally:
+            await channel.close()
 
 
 @dataclass(frozen=True)
@@ -185,34 +202,17 @@ GATEWAY_DEV_TOKEN = "bench-dev-token"
 async def gateway_server(transcript_address: str) -> AsyncIterator[GatewayProcess]:
     """The real HTTP/WebSocket gateway (`python -m continuum_gateway`) as its own process on port 0,
     pointed at a transcript process with the benchmark's service token and a development token."""
-    with tempfile.TemporaryDirectory(prefix="continuum-bench-gateway-") as data_dir:
-        port_file = Path(data_dir) / "run" / "gateway.port"
-        env = {
-            **os.environ,
-            "GATEWAY_HOST": "127.0.0.1",
-            "GATEWAY_PORT": "0",
-            "GATEWAY_DATA_DIR": data_dir,
-            "GATEWAY_TRANSCRIPT_ADDRESS": transcript_address,
-            "GATEWAY_SERVICE_TOKEN": SERVICE_TOKEN,
-            "GATEWAY_DEV_TOKEN": GATEWAY_DEV_TOKEN,
-            "GATEWAY_LOG_LEVEL": "WARNING",
-        }
-        process = await asyncio.create_subprocess_exec(sys.executable, "-m", "continuum_gateway", env=env)
-        try:
-            for _ in range(600):
-                if port_file.exists() or process.returncode is not None:
-                    break
-                await asyncio.sleep(0.05)
-            if not port_file.exists():
-                raise RuntimeError("the gateway did not start")
-            port = int(port_file.read_text())
-            log(f"gateway (pid {process.pid}) listening on 127.0.0.1:{port}")
-            yield GatewayProcess("127.0.0.1", port, process.pid, GATEWAY_DEV_TOKEN)
-        finally:
-            if process.returncode is None:
-                log(f"gateway used {process_cpu_seconds(process.pid):.1f} s of CPU")
-                process.terminate()
-                await process.wait()
+    env = {
+        "GATEWAY_HOST": "127.0.0.1",
+        "GATEWAY_PORT": "0",
+        "GATEWAY_DATA_DIR": "{data_dir}",
+        "GATEWAY_TRANSCRIPT_ADDRESS": transcript_address,
+        "GATEWAY_SERVICE_TOKEN": SERVICE_TOKEN,
+        "GATEWAY_DEV_TOKEN": GATEWAY_DEV_TOKEN,
+        "GATEWAY_LOG_LEVEL": "WARNING",
+    }
+    async with service_process(("continuum_gateway",), "gateway", env) as process:
+        yield GatewayProcess("127.0.0.1", process.port, process.pid, GATEWAY_DEV_TOKEN)
 
 
 def process_cpu_seconds(pid: int) -> float:

@@ -8,17 +8,23 @@ sessions (1,000 / 10,000 / 100,000 messages, appended through the real AppendMes
 the state a real compaction leaves: transcript's fence raised to the boundary at the session's
 history generation and a record in compaction's `session_compactions`, the boundary being the last
 message of a whole turn with exactly 50 messages after it; the histories are written interleaved
-and the three tails last, turn by turn, so every boundary is equally recent. Both services run as
-their own processes on one fresh PostgreSQL database (each in its own schema); automatic compaction
-is off, so the model is never called: this measures context building only. In the same run, the naive
-baseline loads the full history through ListMessagesAfter(after_message_id=0) over every page, what
-a context builder without a boundary would have to do (a lower bound: it skips normalization).
+and the three tails last, turn by turn, so every boundary is equally recent. A fourth session, the
+old session in a busy database (`1k_busy`: 1,000 messages, staged the same way), is written whole,
+tail included, before any of them: over 100,000 messages of other sessions follow its boundary, so
+its context must cost what the 1k session's does however much the table grew after it. Both
+services run as their own processes on one fresh PostgreSQL database (each in its own schema);
+automatic compaction is off, so the model is never called: this measures context building only. In
+the same run, the naive baseline loads the full history of the three sizes through
+ListMessagesAfter(after_message_id=0) over every page, what a context builder without a boundary
+would have to do (a lower bound: it skips normalization).
 
     .venv/bin/python bench/build_context.py [--database-url postgresql://postgres@host:5432/postgres]
 
 Result: value = BuildContext p50 latency (ms) on the 100k session, baseline = p50 on the 1k session,
 ratio = value / baseline, target: ratio <= 1.5. Extra fields: p50/p95 per size, the naive full
-load's p50 per size and `speedup_vs_naive` (naive 100k p50 / BuildContext 100k p50).
+load's p50 per size, `speedup_vs_naive` (naive 100k p50 / BuildContext 100k p50), and the old
+session's `p50_1k_busy_ms`, `p95_1k_busy_ms` and `ratio_busy_vs_1k` (its p50 / the 1k session's p50).
+`total_messages` counts the three sizes only.
 """
 
 from __future__ import annotations
@@ -27,10 +33,8 @@ import asyncio
 import itertools
 import json
 import math
-import os
 import random
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -54,7 +58,7 @@ from bench.bench_support import (
     log,
     parse_args,
     percentile,
-    process_cpu_seconds,
+    service_process,
     synthetic_text,
     throwaway_database,
     transcript_server,
@@ -73,6 +77,8 @@ from continuum_runtime.channels import open_channel
 # label -> messages in the session; every count must be even (turns are 2 or 4 messages).
 SIZES = {"1k": 1_000, "10k": 10_000, "100k": 100_000}
 SMALL, BIG = "1k", "100k"
+# The old session in a busy database: written whole before the sizes above, so they all follow it.
+BUSY, BUSY_MESSAGES = "1k_busy", 1_000
 TAIL = 50  # messages after the boundary, in whole turns starting with a USER message
 TOOL_TURN_EVERY = 10  # every 10th turn: user, assistant tool call, tool result, assistant answer
 MESSAGE_BYTES = (200, 400)
@@ -120,41 +126,24 @@ async def compaction_server(database: BenchDatabase, transcript_address: str) ->
     """The real compaction service (`python -m continuum_compaction serve`) as its own process on port 0,
     migrated on start into its own schema of the same database, pointed at the transcript process.
     Automatic compaction and the session-events consumer are off: no model is ever called."""
-    with tempfile.TemporaryDirectory(prefix="continuum-bench-compaction-") as data_dir:
-        port_file = Path(data_dir) / "run" / f"{COMPACTION}.port"
-        env = {
-            **os.environ,
-            "COMPACTION_DATA_DIR": data_dir,
-            "COMPACTION_DATABASE_URL": database.service_url,
-            "COMPACTION_PORT": "0",
-            "COMPACTION_SERVICE_TOKEN": SERVICE_TOKEN,
-            "COMPACTION_LOG_LEVEL": "WARNING",
-            "COMPACTION_TRANSCRIPT_ADDRESS": transcript_address,
-            "COMPACTION_AUTO_COMPACTION": "false",
-            "COMPACTION_CONSUME_SESSION_EVENTS": "false",
-        }
-        process = await asyncio.create_subprocess_exec(sys.executable, "-m", "continuum_compaction", "serve", env=env)
+    env = {
+        "COMPACTION_DATA_DIR": "{data_dir}",
+        "COMPACTION_DATABASE_URL": database.service_url,
+        "COMPACTION_PORT": "0",
+        "COMPACTION_SERVICE_TOKEN": SERVICE_TOKEN,
+        "COMPACTION_LOG_LEVEL": "WARNING",
+        "COMPACTION_TRANSCRIPT_ADDRESS": transcript_address,
+        "COMPACTION_AUTO_COMPACTION": "false",
+        "COMPACTION_CONSUME_SESSION_EVENTS": "false",
+    }
+    async with service_process(("continuum_compaction", "serve"), COMPACTION, env) as process:
+        channel = open_channel(f"127.0.0.1:{process.port}")
         try:
-            for _ in range(600):
-                if port_file.exists() or process.returncode is not None:
-                    break
-                await asyncio.sleep(0.05)
-            if not port_file.exists():
-                raise RuntimeError("the compaction server did not start")
-            port = int(port_file.read_text())
-            log(f"compaction server (pid {process.pid}) listening on 127.0.0.1:{port}")
-            channel = open_channel(f"127.0.0.1:{port}")
-            try:
-                yield CompactionClient(
-                    capi_grpc.CompactionServiceStub(channel), call_metadata(SERVICE_TOKEN, BENCH_USER), process.pid
-                )
-            finally:
-                await channel.close()
+            yield CompactionClient(
+                capi_grpc.CompactionServiceStub(channel), call_metadata(SERVICE_TOKEN, BENCH_USER), process.pid
+            )
         finally:
-            if process.returncode is None:
-                log(f"compaction server used {process_cpu_seconds(process.pid):.1f} s of CPU")
-                process.terminate()
-                await process.wait()
+            await channel.close()
 
 
 def _text(rng: random.Random) -> str:
@@ -234,27 +223,43 @@ async def append(client: TranscriptClient, case: Case, messages: list[pb.NewMess
     case.ids.extend(response.message_ids)
 
 
-async def load(client: TranscriptClient, rng: random.Random, cases: list[Case]) -> None:
-    """Append every session through AppendMessages: the summarized history in batches interleaved
-    across the sessions, then the TAIL messages of every session a turn per call, round robin.
+async def write_whole(client: TranscriptClient, rng: random.Random, case: Case) -> None:
+    """One session written alone, start to end: its history in batches, then its tail a turn per call."""
+    conversation = Conversation(rng)
+    for batch in batches(conversation.turns(case.messages - TAIL), APPEND_BATCH):
+        await append(client, case, batch)
+    for turn in conversation.turns(TAIL):
+        await append(client, case, turn)
 
-    The tails are the last writes of the table, so every session's boundary sits equally close to
-    its end. (Were a small session's boundary followed by 100k other messages, the comparison would
-    measure the table after the boundary instead of the session's length: transcript's pooled,
-    prepared ListMessagesAfter statement may switch to PostgreSQL's generic plan, which walks the
-    primary key from the boundary through every later message of every session.)
+
+async def load(
+    client: TranscriptClient, rng: random.Random, cases: list[Case], early: list[Case], early_rng: random.Random
+) -> None:
+    """Append every session through AppendMessages: first each `early` session whole (with
+    `early_rng`, so the other sessions' data does not depend on them), then the summarized history of
+    `cases` in batches interleaved across them, then their TAIL messages a turn per call, round robin.
+
+    The tails of `cases` are the last writes of the table, so each of their boundaries sits equally
+    close to its end and the comparison across sizes measures the session's length alone. An early
+    session's boundary is followed by every message of `cases`: what it measures is the table after
+    the boundary (transcript's pooled, prepared ListMessagesAfter statement may switch to PostgreSQL's
+    generic plan; were that plan to walk the primary key from the boundary, it would filter out every
+    later message of every other session).
     """
-    total = sum(case.messages for case in cases)
-    for case in cases:
+    total = sum(case.messages for case in early + cases)
+    for case in early + cases:
         if case.messages % 2 or TAIL % 2 or case.messages <= TAIL:
             raise ValueError(f"session size {case.messages} and tail {TAIL} must be even, the size larger")
     log(f"appending {total:,} messages through AppendMessages (history in batches of {APPEND_BATCH}) ...")
     started = time.perf_counter()
+    for case in early:
+        await write_whole(client, early_rng, case)
+        log(f"  {case.label}: {case.messages:,} messages written whole, before every other session")
     conversations = {case.label: Conversation(rng) for case in cases}
     streams = {
         case.label: batches(conversations[case.label].turns(case.messages - TAIL), APPEND_BATCH) for case in cases
     }
-    done = 0
+    done = sum(case.messages for case in early)
     for case in history_schedule(cases):
         batch = next(streams[case.label])
         await append(client, case, batch)
@@ -274,14 +279,17 @@ async def load(client: TranscriptClient, rng: random.Random, cases: list[Case]) 
                 await append(client, case, turn)
     elapsed = time.perf_counter() - started
     log(f"appended {total:,} messages in {elapsed:.1f}s ({total / elapsed:,.0f} msgs/s)")
-    for case in cases:
+    for case in early + cases:
         if len(case.ids) != case.messages or case.ids != sorted(case.ids):
             raise AssertionError(f"{case.label}: {len(case.ids)} ids, expected {case.messages} ascending")
+    if early and max(case.ids[-1] for case in early) >= min(case.ids[0] for case in cases):
+        raise AssertionError("an early session's messages are not all older than the other sessions'")
 
 
-async def stage(client: TranscriptClient, connection: asyncpg.Connection, case: Case, summary: str) -> None:
+async def stage(client: TranscriptClient, connection: asyncpg.Connection, case: Case, summary: str) -> int:
     """Leave exactly the state a real compaction leaves: transcript's fence raised to the boundary at
-    the session's history generation, then compaction's record over that boundary."""
+    the session's history generation, then compaction's record over that boundary. Returns how many
+    messages of all sessions follow the boundary."""
     boundary: api.GetMessageResponse = await client.stub.GetMessage(
         api.GetMessageRequest(session_id=case.session_id, message_id=case.boundary), metadata=client.metadata
     )
@@ -321,6 +329,7 @@ async def stage(client: TranscriptClient, connection: asyncpg.Connection, case: 
         f" (followed by {later} messages of all sessions), fence raised at history generation"
         f" {got.session.history_generation}"
     )
+    return int(later)
 
 
 def build_request(case: Case) -> capi.BuildContextRequest:
@@ -382,7 +391,7 @@ async def build_context(client: CompactionClient, case: Case, request: capi.Buil
 
 
 async def measure(client: CompactionClient, cases: list[Case], summaries: dict[str, str]) -> dict[str, list[float]]:
-    """Warm up every size, then SAMPLES calls each, rotating which size goes first to cancel drift."""
+    """Warm up every session, then SAMPLES calls each, rotating which goes first to cancel drift."""
     requests = {case.label: build_request(case) for case in cases}
     log(f"warming up ({WARMUP_CALLS} BuildContext calls per size) ...")
     for _ in range(WARMUP_CALLS):
@@ -439,29 +448,41 @@ async def measure_naive(client: TranscriptClient, cases: list[Case]) -> dict[str
 async def run(admin_url: str, seed: int) -> dict[str, Any]:
     """The whole benchmark in its own database; returns the result fields."""
     rng = random.Random(seed)
+    busy_rng = random.Random(f"{seed}:{BUSY}")  # the sizes' data stays what it was without this session
     async with (
         throwaway_database(admin_url) as database,
         transcript_server(database) as transcript,
         compaction_server(database, transcript.address) as compaction,
     ):
+        busy = Case(
+            BUSY,
+            await transcript.create_session("bench-context-1k-busy", f"{BUSY_MESSAGES:,} messages, written first"),
+            BUSY_MESSAGES,
+        )
         cases = [
             Case(label, await transcript.create_session(f"bench-context-{label}", f"{count:,} messages"), count)
             for label, count in SIZES.items()
         ]
-        await load(transcript, rng, cases)
+        await load(transcript, rng, cases, [busy], busy_rng)
         summaries = {
             case.label: f"The user and the assistant worked through {case.messages - TAIL:,} messages. "
             + synthetic_text(rng, SUMMARY_BYTES)
             for case in cases
         }
+        summaries[BUSY] = f"The user and the assistant worked through {busy.messages - TAIL:,} messages. " + (
+            synthetic_text(busy_rng, SUMMARY_BYTES)
+        )
         connection = await asyncpg.connect(database.raw_url)
         try:
             await connection.execute(f"ANALYZE {SCHEMA}.messages")
             for case in cases:
                 await stage(transcript, connection, case, summaries[case.label])
+            after_busy = await stage(transcript, connection, busy, summaries[BUSY])
         finally:
             await connection.close()
-        samples = await measure(compaction, cases, summaries)
+        if after_busy < SIZES[BIG]:
+            raise AssertionError(f"{BUSY}: only {after_busy} messages follow its boundary, expected >= {SIZES[BIG]:,}")
+        samples = await measure(compaction, [*cases, busy], summaries)
         for label, values in samples.items():
             log(f"BuildContext {label}: p50 {percentile(values, 0.5):.2f} ms, p95 {percentile(values, 0.95):.2f} ms")
         naive = await measure_naive(transcript, cases)
@@ -473,6 +494,10 @@ async def run(admin_url: str, seed: int) -> dict[str, Any]:
         f"BuildContext 100k/1k p50 ratio {p50[BIG] / p50[SMALL]:.3f} (target <= {TARGET_RATIO});"
         f" naive full load 100k p50 {naive_p50[BIG]:.1f} ms = {speedup:.1f}x BuildContext's p50"
     )
+    log(
+        f"BuildContext {BUSY}/{SMALL} p50 ratio {p50[BUSY] / p50[SMALL]:.3f}"
+        f" (the old session's boundary followed by {after_busy:,} messages of all sessions)"
+    )
     result: dict[str, Any] = {"value": p50[BIG], "baseline": p50[SMALL]}
     for label in SIZES:
         result[f"p50_{label}_ms"] = round(p50[label], 3)
@@ -481,6 +506,9 @@ async def run(admin_url: str, seed: int) -> dict[str, Any]:
         {
             "ratio_10k_vs_1k": round(p50["10k"] / p50[SMALL], 3),
             "ratio_p95": round(p95[BIG] / p95[SMALL], 3),
+            "p50_1k_busy_ms": round(p50[BUSY], 3),
+            "p95_1k_busy_ms": round(p95[BUSY], 3),
+            "ratio_busy_vs_1k": round(p50[BUSY] / p50[SMALL], 3),
             "naive_full_load_1k_ms": round(naive_p50[SMALL], 3),
             "naive_full_load_10k_ms": round(naive_p50["10k"], 3),
             "naive_full_load_100k_ms": round(naive_p50[BIG], 3),

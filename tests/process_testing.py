@@ -1,7 +1,12 @@
-"""Process inspection from /proc for tests that start supervisors (importable as `process_testing`)."""
+"""Services as killable processes, and process inspection from /proc (importable as `process_testing`)."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
+from asyncio.subprocess import Process
+from collections.abc import Mapping
 from pathlib import Path
 
 
@@ -25,3 +30,23 @@ def children_of(parent: int) -> set[int]:
         if int(fields[1]) == parent and fields[0] != "Z":
             found.add(int(stat_path.parent.name))
     return found
+
+
+async def serve_module(module: str, name: str, data_dir: Path, env: Mapping[str, str]) -> tuple[Process, int]:
+    """`python -m <module> serve` as its own process (so a test can kill it), and its bound port.
+
+    `env` adds to this process's environment; the service publishes its port in
+    `<data_dir>/run/<name>.port`, which must be the data directory `env` gives it.
+    """
+    port_file = data_dir / "run" / f"{name}.port"
+    port_file.unlink(missing_ok=True)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", module, "serve", env={**os.environ, **env}, stderr=asyncio.subprocess.DEVNULL
+    )
+    for _ in range(400):
+        if port_file.exists():
+            return process, int(port_file.read_text())
+        await asyncio.sleep(0.05)
+    process.kill()
+    await process.wait()
+    raise AssertionError(f"{module} did not start")

@@ -112,6 +112,12 @@ def write_port_file(data_dir: Path, name: str, port: int) -> Path:
     return path
 
 
+async def serve(service: GrpcService, settings: ServiceSettings) -> None:
+    """What `python -m <service> serve` does once started: publish the port, run until signalled."""
+    write_port_file(settings.data_dir, service.name, service.port)
+    await serve_until_signalled(service, settings.shutdown_grace_seconds)
+
+
 async def serve_until_signalled(service: GrpcService, grace: float) -> None:
     """Run until SIGINT or SIGTERM, then stop gracefully."""
     stop = asyncio.Event()

@@ -13,13 +13,11 @@ from continuum_compaction.errors import CompactionError
 from continuum_compaction.server import migrate, open_database, open_transcript, start
 from continuum_compaction.settings import CompactionSettings
 from continuum_runtime.logs import configure_logging
-from continuum_runtime.server import serve_until_signalled, write_port_file
+from continuum_runtime.server import serve
 
 
 async def _serve(settings: CompactionSettings) -> None:
-    service = await start(settings)
-    write_port_file(settings.data_dir, SERVICE_NAME, service.port)
-    await serve_until_signalled(service, settings.shutdown_grace_seconds)
+    await serve(await start(settings), settings)
 
 
 async def _cleanup(settings: CompactionSettings) -> None:

@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from continuum.compaction.v1 import compaction_service_pb2 as api
 from continuum.compaction.v1 import resources_pb2 as pb
@@ -27,6 +28,7 @@ from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum_compaction import store
 from continuum_compaction.announce import Announcer, outcome_name, trigger_name
 from continuum_compaction.clock import now_ms
+from continuum_compaction.convert import event_message
 from continuum_compaction.cuts import Unit, batches, plan_cut, safe_boundary, should_compact
 from continuum_compaction.history import LoadedHistory, load_history
 from continuum_compaction.settings import CompactionSettings
@@ -139,50 +141,48 @@ class Compactor:
         if not due:
             return baseline, report
         report.trigger_mode = attempt.mode
-        started = time.monotonic()
+        run = _Run(session.session_id, attempt, baseline, time.monotonic())
         if not plan.candidates:
             report.outcome = pb.COMPACTION_OUTCOME_NOTHING_TO_COMPACT
-            await self._finish(session.session_id, attempt, baseline, baseline, report, started, None, announcer)
+            await self._finish(run, report, baseline, announcer)
             return baseline, report
         await announcer.started(attempt.mode, attempt.run_id, baseline.boundary)
-        done, failed = await self._summarize(baseline.summary, plan.candidates)
+        done, run.failed = await self._summarize(baseline.summary, plan.candidates)
         chosen = _largest_safe_prefix(baseline.history, done)
         if chosen is None:
             report.outcome = pb.COMPACTION_OUTCOME_FAILED
-            await self._finish(
-                session.session_id, attempt, baseline, baseline, report, started, None, announcer, failed
-            )
+            await self._finish(run, report, baseline, announcer)
             return baseline, report
-        boundary, summary, succeeded = chosen
-        report.facts_found = sum(result.facts_found for _, result in done[:succeeded])
-        report.facts_kept = sum(result.facts_kept for _, result in done[:succeeded])
+        boundary, summary, run.succeeded = chosen
+        succeeded = [result for _, result in done[: run.succeeded]]
+        report.facts_found = sum(result.facts_found for result in succeeded)
+        report.facts_kept = sum(result.facts_kept for result in succeeded)
         new = store.NewSummary(
             session_id=session.session_id,
             expected_boundary=baseline.record.last_compacted_msg_id if baseline.record is not None else None,
             boundary=boundary,
             summary_text=summary.text,
             model=summary.model,
-            input_tokens=sum(result.input_tokens for _, result in done[:succeeded]),
-            output_tokens=sum(result.output_tokens for _, result in done[:succeeded]),
+            input_tokens=sum(result.input_tokens for result in succeeded),
+            output_tokens=sum(result.output_tokens for result in succeeded),
         )
         try:
             await self._transcript.set_fence(user, session.session_id, boundary, session.history_generation)
         except HistoryRewritten:
             report.outcome = pb.COMPACTION_OUTCOME_HISTORY_REWRITTEN
             reloaded = await self.load(user, session.session_id)
-            await self._finish(session.session_id, attempt, baseline, reloaded, report, started, None, announcer)
+            await self._finish(run, report, reloaded, announcer)
             return reloaded, report
-        persisted = await self._persist(new, attempt, baseline, report, started, succeeded, failed)
-        if not persisted:
+        recorded = await self._persist(new, run, report)
+        if recorded is None:
             # Never resubmit this result against the newer boundary: it did not fold that summary in.
             report.outcome = pb.COMPACTION_OUTCOME_CONFLICT
             reloaded = await self.load(user, session.session_id)
-            await self._finish(session.session_id, attempt, baseline, reloaded, report, started, None, announcer)
+            await self._finish(run, report, reloaded, announcer)
             return reloaded, report
         reloaded = await self.load(user, session.session_id)
-        report.outcome = pb.COMPACTION_OUTCOME_COMPACTED
         report.boundary_after = reloaded.boundary
-        await announcer.finished(self._event(session.session_id, attempt, baseline, reloaded, report, started))
+        await announcer.finished(event_message(recorded, include_summary=False))
         return reloaded, report
 
     async def _summarize(
@@ -208,135 +208,69 @@ class Compactor:
             summary = result.text
         return done, 0
 
-    async def _persist(
-        self,
-        new: store.NewSummary,
-        attempt: Attempt,
-        baseline: Baseline,
-        report: api.CompactionReport,
-        started: float,
-        succeeded: int,
-        failed: int,
-    ) -> bool:
+    async def _persist(self, new: store.NewSummary, run: _Run, report: api.CompactionReport) -> dict[str, Any] | None:
+        """CAS the summary and record its event in one transaction; None on a conflict."""
         async with self._database.transaction() as connection:
             if not await store.persist_summary(connection, new, now_ms()):
-                return False
-            row = self._row(new.session_id, attempt, baseline, report, started, succeeded, failed)
-            report.event_id = await store.record_event(
-                connection,
-                row.with_outcome(
-                    outcome_name(pb.COMPACTION_OUTCOME_COMPACTED),
-                    new.boundary,
-                    new.model,
-                    new.summary_text,
-                    _tokens_of(new.summary_text)
-                    + sum(m.tokens for m in baseline.history.view if m.message_id > new.boundary),
-                ),
-                now_ms(),
+                return None
+            report.outcome = pb.COMPACTION_OUTCOME_COMPACTED
+            tail = sum(message.tokens for message in run.before.history.view if message.message_id > new.boundary)
+            row = run.event(
+                report,
+                boundary_after=new.boundary,
+                tokens_after=_tokens_of(new.summary_text) + tail,
+                model=new.model,
+                summary_text=new.summary_text,
             )
-        return True
+            report.event_id = await store.record_event(connection, row, now_ms())
+        return {**row.__dict__, "event_id": report.event_id, "create_ms": now_ms()}
 
-    async def _finish(
-        self,
-        session_id: str,
-        attempt: Attempt,
-        before: Baseline,
-        after: Baseline,
-        report: api.CompactionReport,
-        started: float,
-        summary_text: str | None,
-        announcer: Announcer,
-        failed: int = 0,
-    ) -> None:
+    async def _finish(self, run: _Run, report: api.CompactionReport, after: Baseline, announcer: Announcer) -> None:
+        """Record and announce an attempt that persisted nothing."""
         report.boundary_after = after.boundary
-        row = self._row(session_id, attempt, before, report, started, 0, failed)
+        row = run.event(report, boundary_after=after.boundary, tokens_after=after.estimated_tokens)
         async with self._database.transaction() as connection:
-            report.event_id = await store.record_event(
-                connection,
-                row.with_outcome(
-                    outcome_name(report.outcome), after.boundary, "", summary_text, after.estimated_tokens
-                ),
-                now_ms(),
-            )
-        await announcer.finished(self._event(session_id, attempt, before, after, report, started))
-
-    def _row(
-        self,
-        session_id: str,
-        attempt: Attempt,
-        before: Baseline,
-        report: api.CompactionReport,
-        started: float,
-        succeeded: int,
-        failed: int,
-    ) -> _PendingEvent:
-        return _PendingEvent(
-            session_id=session_id,
-            run_id=attempt.run_id,
-            trigger_mode=trigger_name(attempt.mode),
-            boundary_before=before.boundary,
-            tokens_before=before.estimated_tokens,
-            duration_ms=int((time.monotonic() - started) * 1000),
-            batches_succeeded=succeeded,
-            batches_failed=failed,
-            facts_found=report.facts_found,
-            facts_kept=report.facts_kept,
-        )
-
-    def _event(
-        self,
-        session_id: str,
-        attempt: Attempt,
-        before: Baseline,
-        after: Baseline,
-        report: api.CompactionReport,
-        started: float,
-    ) -> pb.CompactionEvent:
-        return pb.CompactionEvent(
-            event_id=report.event_id,
-            session_id=session_id,
-            trigger_mode=attempt.mode,
-            outcome=report.outcome,
-            boundary_before=before.boundary,
-            boundary_after=after.boundary,
-            estimated_tokens_before=before.estimated_tokens,
-            estimated_tokens_after=after.estimated_tokens,
-            duration_ms=int((time.monotonic() - started) * 1000),
-            run_id=attempt.run_id,
-        )
+            report.event_id = await store.record_event(connection, row, now_ms())
+        recorded = {**row.__dict__, "event_id": report.event_id, "create_ms": now_ms()}
+        await announcer.finished(event_message(recorded, include_summary=False))
 
 
-@dataclass(frozen=True)
-class _PendingEvent:
+@dataclass
+class _Run:
+    """One compaction attempt in progress, as its event will record it."""
+
     session_id: str
-    run_id: str
-    trigger_mode: str
-    boundary_before: int
-    tokens_before: int
-    duration_ms: int
-    batches_succeeded: int
-    batches_failed: int
-    facts_found: int
-    facts_kept: int
+    attempt: Attempt
+    before: Baseline
+    started: float
+    succeeded: int = 0
+    failed: int = 0
 
-    def with_outcome(
-        self, outcome: str, boundary_after: int, model: str, summary_text: str | None, tokens_after: int
+    def event(
+        self,
+        report: api.CompactionReport,
+        *,
+        boundary_after: int,
+        tokens_after: int,
+        model: str = "",
+        summary_text: str | None = None,
     ) -> store.EventRow:
+        """The event row of this attempt with the outcome in `report`."""
         return store.EventRow(
             session_id=self.session_id,
-            run_id=self.run_id,
-            trigger_mode=self.trigger_mode,
-            outcome=outcome,
-            boundary_before=self.boundary_before,
+            run_id=self.attempt.run_id,
+            trigger_mode=trigger_name(self.attempt.mode),
+            outcome=outcome_name(report.outcome),
+            boundary_before=self.before.boundary,
             boundary_after=boundary_after,
-            tokens_before=self.tokens_before,
+            tokens_before=self.before.estimated_tokens,
             tokens_after=tokens_after,
             model=model,
-            duration_ms=self.duration_ms,
-            batches_succeeded=self.batches_succeeded,
-            batches_failed=self.batches_failed,
-            facts_found=self.facts_found,
-            facts_kept=self.facts_kept,
+            duration_ms=int((time.monotonic() - self.started) * 1000),
+            batches_succeeded=self.succeeded,
+            batches_failed=self.failed,
+            facts_found=report.facts_found,
+            facts_kept=report.facts_kept,
             summary_text=summary_text,
         )
 

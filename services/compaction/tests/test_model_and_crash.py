@@ -4,13 +4,12 @@ of the compaction process while the model is working: nothing half-written, noth
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 from pathlib import Path
 
 from compaction_testing import Stack, compaction_database_url, eventually, running_stack
 from model_server_testing import FakeModelServer, Reply, completion
+from process_testing import serve_module
 from pydantic import SecretStr
 from sqlalchemy import text
 from transcript_testing import SERVICE_TOKEN, assistant, running_transcript, user
@@ -80,10 +79,7 @@ async def _serve_compaction(
     tmp_path: Path, database_url: str, transcript_port: int, model_url: str
 ) -> tuple[asyncio.subprocess.Process, int]:
     data_dir = tmp_path / "compaction-process"
-    port_file = data_dir / "run" / "compaction.port"
-    port_file.unlink(missing_ok=True)
     env = {
-        **os.environ,
         "COMPACTION_DATA_DIR": str(data_dir),
         "COMPACTION_DATABASE_URL": compaction_database_url(database_url),
         "COMPACTION_PORT": "0",
@@ -98,15 +94,7 @@ async def _serve_compaction(
         "COMPACTION_PROVIDER__BASE_URL": model_url,
         "COMPACTION_PROVIDER__MODEL": "remote-model",
     }
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "continuum_compaction", "serve", env=env, stderr=asyncio.subprocess.DEVNULL
-    )
-    for _ in range(400):
-        if port_file.exists():
-            return process, int(port_file.read_text())
-        await asyncio.sleep(0.05)
-    process.kill()
-    raise AssertionError("compaction did not start")
+    return await serve_module("continuum_compaction", "compaction", data_dir, env)
 
 
 async def test_kill_9_while_the_model_works_leaves_nothing_half_written(tmp_path: Path, database_url: str) -> None:

@@ -8,16 +8,14 @@ import asyncio
 import sys
 
 from continuum_runtime.logs import configure_logging
-from continuum_runtime.server import serve_until_signalled, write_port_file
+from continuum_runtime.server import serve
 from continuum_transcript import SERVICE_NAME, turns
 from continuum_transcript.server import migrate, open_database, start
 from continuum_transcript.settings import TranscriptSettings
 
 
 async def _serve(settings: TranscriptSettings) -> None:
-    service = await start(settings)
-    write_port_file(settings.data_dir, SERVICE_NAME, service.port)
-    await serve_until_signalled(service, settings.shutdown_grace_seconds)
+    await serve(await start(settings), settings)
 
 
 async def _rebuild_turn_index(settings: TranscriptSettings, session_id: str | None) -> None:

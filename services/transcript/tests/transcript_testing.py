@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -13,6 +11,7 @@ from typing import Any
 
 import grpc
 import pytest
+from process_testing import serve_module
 from pydantic import SecretStr
 
 from continuum.transcript.v1 import follow_pb2 as fpb
@@ -196,21 +195,10 @@ class TcpProxy:
 
 async def serve_in_subprocess(data_dir: Path, database_url: str) -> tuple[asyncio.subprocess.Process, int]:
     """`python -m continuum_transcript serve` as its own process (so it can be killed); its port."""
-    port_file = data_dir / "run" / "transcript.port"
-    port_file.unlink(missing_ok=True)
     env = {
-        **os.environ,
         "TRANSCRIPT_DATA_DIR": str(data_dir),
         "TRANSCRIPT_DATABASE_URL": database_url,
         "TRANSCRIPT_PORT": "0",
         "TRANSCRIPT_SERVICE_TOKEN": SERVICE_TOKEN,
     }
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "continuum_transcript", "serve", env=env, stderr=asyncio.subprocess.DEVNULL
-    )
-    for _ in range(400):
-        if port_file.exists():
-            return process, int(port_file.read_text())
-        await asyncio.sleep(0.05)
-    process.kill()
-    raise AssertionError("transcript did not start")
+    return await serve_module("continuum_transcript", "transcript", data_dir, env)
