@@ -19,6 +19,7 @@ from continuum_compaction.announce import Announcer
 from continuum_compaction.clock import now_ms
 from continuum_compaction.compactor import Attempt, Compactor
 from continuum_compaction.errors import CompactionError, SessionBusy
+from continuum_compaction.request import build_request
 from continuum_compaction.settings import CompactionSettings
 from continuum_compaction.transcript_client import SessionRunning, TranscriptClient
 from continuum_runtime.database import Database
@@ -65,7 +66,13 @@ class ManualCompaction:
             baseline = await self._compactor.load(user, session_id)
             attempt = Attempt(pb.TRIGGER_MODE_MANUAL, holder, force=True, mid_loop=False, window_tokens=window)
             announcer = Announcer(self._transcript, user, session_id)
-            _, report = await self._compactor.compact(user, session, baseline, attempt, announcer)
+            baseline, report = await self._compactor.compact(user, session, baseline, attempt, announcer)
+            # No runtime is running to send a request: announce what the history now weighs, so a
+            # context gauge drops right away (system sections are the runtime's and are not counted).
+            after = build_request(
+                session_id, [], [], baseline.summary, baseline.history, window, self._settings.manifest_max_bytes
+            )
+            await announcer.context_window(after.manifest)
         finally:
             renewing.cancel()
             with contextlib.suppress(asyncio.CancelledError):

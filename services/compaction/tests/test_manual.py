@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from compaction_testing import ScriptedProvider, Stack, eventually, running_stack
-from google.protobuf import duration_pb2
-from transcript_testing import assistant, refused, tool, user
+from google.protobuf import duration_pb2, json_format
+from transcript_testing import Follower, assistant, refused, tool, user
 
 from continuum.compaction.v1 import compaction_service_pb2 as api
 from continuum.compaction.v1 import resources_pb2 as pb
@@ -185,3 +186,23 @@ async def test_only_the_owner_may_use_a_session(stack: Stack, rpc: str) -> None:
     assert raised.value.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.NOT_FOUND)
     assert stack.provider.calls == []
     assert await stack.record_rows("s1") == []
+
+
+async def test_idle_manual_compaction_is_visible_in_follow(stack: Stack) -> None:
+    await _history(stack)
+    follower = Follower(stack.transcript, "s1")
+    await follower.until("snapshot_end")
+
+    response = await _compact_now(stack)
+
+    events: list[tuple[str, dict[str, Any]]] = []
+    while len(events) < 4:
+        frame = await follower.next()
+        if frame.WhichOneof("frame") == "batch":
+            events += [(e.kind, json_format.MessageToDict(e.payload)) for e in frame.batch.events]
+    follower.close()
+    assert [kind for kind, _ in events] == ["compaction_start", "compaction_end", "compaction_marker", "context_window"]
+    assert {payload["trigger_mode"] for _, payload in events[:3]} == {"manual"}
+    assert events[2][1]["boundary"] == response.report.boundary_after
+    manifest = json_format.ParseDict(events[3][1]["manifest"], pb.ContextManifest())
+    assert [section.key for section in manifest.sections] == ["summary", "messages"]
