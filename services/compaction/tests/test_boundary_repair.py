@@ -74,3 +74,23 @@ async def test_invalid_boundary_compacts_again_once_when_the_trigger_holds(
         assert rows[0][0] == response.boundary_message_id
         assert "STALE SUMMARY" not in str(rows[0][1])
         assert [m.message_id for m in response.messages[1:]] == [i for i in ids if i > response.boundary_message_id]
+
+
+async def test_repairing_a_large_history_stays_within_the_configured_batches(
+    tmp_path: Path, database_url: str
+) -> None:
+    async with running_stack(tmp_path, database_url, max_batch_messages=4, max_rounds_per_request=2) as stack:
+        await stack.new_session("s1")
+        ids: list[int] = []
+        for n in range(30):
+            ids += await stack.append("s1", user(f"request {n}"), assistant(f"answer {n}"))
+        ids += await stack.append("s1", user("current"))
+        await stack.put_record("s1", 10_000_000, "STALE SUMMARY")
+
+        response = await stack.build("s1")
+
+        # One full load, then at most max_rounds_per_request batches of whole turns; no recursion.
+        assert response.compaction.boundary_was_invalid
+        assert len(stack.provider.calls) == 2
+        assert response.boundary_message_id == ids[7]
+        assert [m.message_id for m in response.messages[1:]] == ids[8:]
