@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,15 +172,22 @@ async def running_stack(
     scripted: ScriptedProvider | None = None,
     transcript_overrides: dict[str, object] | None = None,
     configured_provider: bool = False,
+    proxy: RecordingProxy | None = None,
     **overrides: object,
 ) -> AsyncIterator[Stack]:
     """Transcript and compaction started over `database_url`, with a client for each.
 
     Compaction calls the scripted provider unless `configured_provider` asks for the one its settings
-    name (the built-in offline provider by default).
+    name (the built-in offline provider by default). With `proxy`, compaction reaches transcript
+    through it (started here, pointed at transcript).
     """
     async with running_transcript(tmp_path, database_url, **(transcript_overrides or {})) as transcript:
-        settings = compaction_settings(tmp_path, database_url, transcript.service.port, **overrides)
+        transcript_port = transcript.service.port
+        if proxy is not None:
+            proxy.target(transcript_port)
+            await proxy.start()
+            transcript_port = proxy.port
+        settings = compaction_settings(tmp_path, database_url, transcript_port, **overrides)
         scripted = scripted or ScriptedProvider()
         service = await start(settings, None if configured_provider else scripted)
         channel = open_channel(f"127.0.0.1:{service.port}")
@@ -191,6 +198,8 @@ async def running_stack(
             await database.dispose()
             await channel.close()
             await service.stop(grace=0)
+            if proxy is not None:
+                await proxy.stop()
 
 
 async def eventually(probe: Callable[[], object], seconds: float = 10.0) -> None:
@@ -211,3 +220,65 @@ def status_code(error: grpc.aio.AioRpcError) -> grpc.StatusCode:
     """The code of a failed call (typed)."""
     code: grpc.StatusCode = error.code()
     return code
+
+
+class RecordingProxy:
+    """A gRPC pass-through in front of transcript that records every unary call compaction makes.
+
+    It forwards raw bytes for any method, so it keeps transcript's whole contract (codes, details,
+    trailers) while a test reads which calls were made with which requests.
+    """
+
+    def __init__(self) -> None:
+        self._channel: grpc.aio.Channel | None = None
+        self._server = grpc.aio.server()
+        self.calls: list[tuple[str, bytes]] = []
+        self.port = 0
+
+    def target(self, port: int) -> None:
+        """Forward to transcript on `port`."""
+        self._channel = open_channel(f"127.0.0.1:{port}")
+
+    async def start(self) -> None:
+        """Listen on a free loopback port."""
+        proxy = self
+
+        class Forward(grpc.GenericRpcHandler):
+            def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+                method: str = details.method
+                if method.endswith("WatchSessionEvents") or method.endswith("Follow"):
+                    return None
+                return grpc.unary_unary_rpc_method_handler(proxy._forwarder(method))
+
+        self._server.add_generic_rpc_handlers((Forward(),))
+        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        await self._server.start()
+
+    def _forwarder(self, method: str) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
+        assert self._channel is not None
+        upstream = self._channel.unary_unary(method)
+
+        async def forward(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            self.calls.append((method.rsplit("/", 1)[-1], request))
+            metadata = tuple((key, value) for key, value in context.invocation_metadata() or ())
+            try:
+                response: bytes = await upstream(request, metadata=metadata)
+            except grpc.aio.AioRpcError as error:
+                await context.abort(error.code(), error.details() or "", tuple(error.trailing_metadata() or ()))
+            return response
+
+        return forward
+
+    def list_after_bounds(self) -> list[int]:
+        """`after_message_id` of every ListMessagesAfter call, in order."""
+        return [
+            tapi.ListMessagesAfterRequest.FromString(body).after_message_id
+            for name, body in self.calls
+            if name == "ListMessagesAfter"
+        ]
+
+    async def stop(self) -> None:
+        """Stop forwarding."""
+        await self._server.stop(0)
+        if self._channel is not None:
+            await self._channel.close()

@@ -76,9 +76,7 @@ async def test_invalid_boundary_compacts_again_once_when_the_trigger_holds(
         assert [m.message_id for m in response.messages[1:]] == [i for i in ids if i > response.boundary_message_id]
 
 
-async def test_repairing_a_large_history_stays_within_the_configured_batches(
-    tmp_path: Path, database_url: str
-) -> None:
+async def test_repairing_a_large_history_stays_within_the_configured_batches(tmp_path: Path, database_url: str) -> None:
     async with running_stack(tmp_path, database_url, max_batch_messages=4, max_rounds_per_request=2) as stack:
         await stack.new_session("s1")
         ids: list[int] = []

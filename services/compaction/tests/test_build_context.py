@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from compaction_testing import ScriptedProvider, Stack, running_stack, summarized_ids
+from compaction_testing import RecordingProxy, ScriptedProvider, Stack, running_stack, summarized_ids
 from transcript_testing import assistant, tool, user
 
 from continuum.compaction.v1 import compaction_service_pb2 as api
 from continuum.compaction.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import resources_pb2 as tpb
+from continuum.transcript.v1 import transcript_service_pb2 as tapi
 
 
 def ids_of(response: api.BuildContextResponse) -> list[int]:
@@ -225,3 +226,36 @@ async def test_no_safe_prefix_persists_nothing(tmp_path: Path, database_url: str
         assert len(stack.provider.calls) == 1
         assert response.compaction.outcome == pb.COMPACTION_OUTCOME_FAILED
         assert (await stack.record_rows("s1")) == []
+
+
+async def test_a_valid_boundary_loads_only_what_follows_it(tmp_path: Path, database_url: str) -> None:
+    proxy = RecordingProxy()
+    async with running_stack(tmp_path, database_url, proxy=proxy, auto_compaction=False) as stack:
+        await stack.new_session("s1")
+        ids = await stack.append("s1", user("a"), assistant("b"), user("c"), assistant("d"), user("e"))
+        await stack.put_record("s1", ids[1], "earlier")
+        proxy.calls.clear()
+
+        response = await stack.build("s1")
+
+        # One incremental read after the boundary; the boundary itself is checked by id, and no read
+        # ever starts before it (seed 001 §11.8).
+        assert proxy.list_after_bounds() == [ids[1]]
+        fetched = [
+            tapi.GetMessageRequest.FromString(body).message_id for name, body in proxy.calls if name == "GetMessage"
+        ]
+        assert fetched == [ids[1]]
+        assert [m.message_id for m in response.messages[1:]] == ids[2:]
+
+
+async def test_an_invalid_boundary_costs_exactly_one_full_load(tmp_path: Path, database_url: str) -> None:
+    proxy = RecordingProxy()
+    async with running_stack(tmp_path, database_url, proxy=proxy, trigger_ratio=1.0) as stack:
+        await stack.new_session("s1")
+        await stack.append("s1", user("a"), assistant("b"), user("c"))
+        await stack.put_record("s1", 10_000_000, "gone")
+        proxy.calls.clear()
+
+        await stack.build("s1")
+
+        assert proxy.list_after_bounds() == [0]
