@@ -53,11 +53,10 @@ def split_turns(view: Sequence[LoadedMessage]) -> list[list[LoadedMessage]]:
     return turns
 
 
-def completed_rounds(turn: Sequence[LoadedMessage]) -> int:
-    """How many messages after the turn's USER message form completed tool rounds: each assistant call
-    message followed by a result for every call it made. Stops at the first incomplete round."""
-    end = 1
-    index = 1
+def completed_rounds(turn: Sequence[LoadedMessage], start: int) -> int:
+    """Where the completed tool rounds from `start` end: each an assistant call message followed by a
+    result for every call it made. Stops at the first incomplete round."""
+    end = index = start
     while index < len(turn):
         message = turn[index]
         if message.role != "assistant":
@@ -77,8 +76,10 @@ def plan_cut(history: LoadedHistory, recent_turns: int, mid_loop: bool) -> CutPl
     """The units compaction may summarize now.
 
     At request start the current turn and the `recent_turns` complete turns before it stay verbatim.
-    Mid-loop, every complete turn is a candidate, and so are the running turn's USER request and its
-    completed tool rounds except the latest, which the model is about to read.
+    Mid-loop, every complete turn is a candidate, and so are the running turn's completed tool rounds
+    except the latest, which the model is about to read, together with its USER request. When an
+    earlier mid-loop compaction already summarized that request, the running turn's remaining rounds
+    lead the history and are offered the same way.
     """
     turns = split_turns(history.view)
     if not turns or (len(turns) < 2 and not mid_loop):
@@ -86,21 +87,37 @@ def plan_cut(history: LoadedHistory, recent_turns: int, mid_loop: bool) -> CutPl
     current, complete = turns[-1], turns[:-1]
     if not mid_loop:
         keep = min(recent_turns, len(complete))
-        return CutPlan(tuple(Unit(tuple(turn)) for turn in complete[: len(complete) - keep]))
+        return CutPlan(safe_prefix(history, [Unit(tuple(turn)) for turn in complete[: len(complete) - keep]]))
     units = [Unit(tuple(turn)) for turn in complete]
-    if current and current[0].role == "user":
-        rounds_end = _all_but_latest_round(current, completed_rounds(current))
-        if rounds_end > 1:
-            units.append(Unit(tuple(current[:rounds_end]), holds_current_request=True))
-    return CutPlan(tuple(units))
+    start = 1 if current[0].role == "user" else 0
+    end = _all_but_latest_round(current, start, completed_rounds(current, start))
+    if end > start:
+        units.append(Unit(tuple(current[:end]), holds_current_request=start == 1))
+    return CutPlan(safe_prefix(history, units))
 
 
-def _all_but_latest_round(turn: Sequence[LoadedMessage], end: int) -> int:
-    # The last completed round starts at the last assistant message before `end`.
-    for index in range(end - 1, 0, -1):
+def safe_prefix(history: LoadedHistory, units: Sequence[Unit]) -> tuple[Unit, ...]:
+    """The longest prefix of `units` whose boundary would pass the prefix-integrity check, found before
+    any model call so no summary is paid for that could never be persisted. Linear in the history."""
+    ordered = sorted(message.message_id for message in history.view)
+    covered: set[int] = set()
+    lowest_open = highest = best = 0
+    for count, unit in enumerate(units, start=1):
+        covered |= unit.ids
+        highest = max(highest, *unit.ids)
+        while lowest_open < len(ordered) and ordered[lowest_open] in covered:
+            lowest_open += 1
+        if lowest_open == len(ordered) or highest < ordered[lowest_open]:
+            best = count
+    return tuple(units[:best])
+
+
+def _all_but_latest_round(turn: Sequence[LoadedMessage], start: int, end: int) -> int:
+    # The latest completed round starts at the last assistant call message before `end`.
+    for index in range(end - 1, start - 1, -1):
         if turn[index].role == "assistant" and turn[index].tool_call_ids:
             return index
-    return 1
+    return start
 
 
 def batches(units: Sequence[Unit], max_messages: int, max_batches: int) -> list[list[Unit]]:

@@ -211,11 +211,11 @@ async def test_a_single_turn_over_the_batch_limit_is_its_own_batch(tmp_path: Pat
         assert response.boundary_message_id == small[-1]
 
 
-async def test_no_safe_prefix_persists_nothing(tmp_path: Path, database_url: str) -> None:
+async def test_no_safe_prefix_persists_nothing_and_pays_for_no_summary(tmp_path: Path, database_url: str) -> None:
     async with running_stack(tmp_path, database_url, recent_turns=1) as stack:
         await stack.new_session("s1")
         # The first turn's tool result is stored after the second turn started: the first turn's
-        # largest id lies beyond messages of a kept turn, so no boundary covers exactly the batch.
+        # largest id lies beyond messages of a kept turn, so no boundary covers exactly the candidates.
         await stack.append("s1", user("one"), assistant("calling", "late"))
         await stack.append("s1", user("two"), assistant("2"))
         await stack.append("s1", tool("late", "result"))
@@ -223,9 +223,24 @@ async def test_no_safe_prefix_persists_nothing(tmp_path: Path, database_url: str
 
         response = await stack.build("s1")
 
-        assert len(stack.provider.calls) == 1
-        assert response.compaction.outcome == pb.COMPACTION_OUTCOME_FAILED
+        assert stack.provider.calls == []
+        assert response.compaction.outcome == pb.COMPACTION_OUTCOME_NOT_TRIGGERED
         assert (await stack.record_rows("s1")) == []
+
+
+async def test_candidates_stop_at_the_last_turn_a_safe_boundary_can_follow(stack: Stack) -> None:
+    await stack.new_session("s1")
+    first = await stack.append("s1", user("one"), assistant("1"))
+    await stack.append("s1", user("two"), assistant("calling", "late"))
+    await stack.append("s1", user("three"), assistant("3"))
+    await stack.append("s1", user("four"))
+    await stack.append("s1", tool("late", "result"))
+
+    response = await stack.build("s1")
+
+    # Only the first turn can be cut safely: the second turn's result lies after the current prompt.
+    assert [summarized_ids(call) for call in stack.provider.summarize_calls()] == [first]
+    assert response.boundary_message_id == first[-1]
 
 
 async def test_a_valid_boundary_loads_only_what_follows_it(tmp_path: Path, database_url: str) -> None:

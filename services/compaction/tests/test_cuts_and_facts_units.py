@@ -56,11 +56,30 @@ def test_mid_loop_offers_completed_rounds_but_the_latest_and_never_splits_a_roun
         message(7, "a", calls=("c4",)),
     ]
     history = load_history(0, turn)
-    assert completed_rounds(history.view) == 6
+    assert completed_rounds(history.view, 1) == 6
     (unit,) = plan_cut(history, recent_turns=2, mid_loop=True).candidates
     assert sorted(unit.ids) == [1, 2, 3, 4] and unit.holds_current_request
     # One completed round only: it is the latest, so nothing of the running turn is offered.
     assert plan_cut(load_history(0, turn[:4]), recent_turns=0, mid_loop=True).candidates == ()
+
+
+def test_a_second_mid_loop_compaction_offers_the_rounds_left_after_the_first() -> None:
+    # The running turn's request was summarized by an earlier mid-loop compaction: its remaining
+    # rounds lead the history, and all but the latest completed one are offered again.
+    history = load_history(
+        4,
+        [
+            message(5, "a", calls=("c3",)),
+            message(6, "t", answers="c3"),
+            message(7, "a", calls=("c4",)),
+            message(8, "t", answers="c4"),
+            message(9, "a", calls=("c5",)),
+            message(10, "t", answers="c5"),
+        ],
+    )
+    (unit,) = plan_cut(history, recent_turns=2, mid_loop=True).candidates
+    assert sorted(unit.ids) == [5, 6, 7, 8] and not unit.holds_current_request
+    assert plan_cut(history, recent_turns=0, mid_loop=False).candidates == ()
 
 
 def test_batches_respect_the_soft_limit_and_the_round_cap() -> None:
