@@ -30,14 +30,18 @@ from continuum_compaction.announce import Announcer, outcome_name, trigger_name
 from continuum_compaction.clock import now_ms
 from continuum_compaction.convert import event_message
 from continuum_compaction.cuts import Unit, batches, plan_cut, safe_boundary, should_compact
+from continuum_compaction.facts import Fact, preserved_facts
 from continuum_compaction.history import LoadedHistory, load_history
 from continuum_compaction.settings import CompactionSettings
 from continuum_compaction.summarizer import BatchSummary, summarize_batch, summary_message_text
 from continuum_compaction.transcript_client import HistoryRewritten, TranscriptClient
 from continuum_runtime.database import Database
-from continuum_runtime.provider import ModelProvider, ProviderError, estimate_message_tokens
+from continuum_runtime.provider import ModelProvider, ProviderError, ProviderInputTooLarge, estimate_message_tokens
 
 logger = logging.getLogger("continuum.compaction")
+
+# The shortest a message is clipped to when a summarization prompt is too large for the model.
+MIN_MESSAGE_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -155,8 +159,9 @@ class Compactor:
             return baseline, report
         boundary, summary, run.succeeded = chosen
         succeeded = [result for _, result in done[: run.succeeded]]
-        report.facts_found = sum(result.facts_found for result in succeeded)
-        report.facts_kept = sum(result.facts_kept for result in succeeded)
+        # Each batch checked every fact carried into it, so the last one speaks for the whole summary.
+        report.facts_found = summary.facts_found
+        report.facts_kept = summary.facts_kept
         new = store.NewSummary(
             session_id=session.session_id,
             expected_boundary=baseline.record.last_compacted_msg_id if baseline.record is not None else None,
@@ -191,22 +196,38 @@ class Compactor:
         settings = self._settings
         done: list[tuple[list[Unit], BatchSummary]] = []
         summary = previous
+        facts = preserved_facts(previous)
         for batch in batches(candidates, settings.max_batch_messages, settings.max_rounds_per_request):
             try:
-                result = await summarize_batch(
-                    self._provider,
-                    summary,
-                    batch,
-                    max_output_tokens=settings.summary_max_output_tokens,
-                    max_message_chars=settings.summary_input_message_chars,
-                )
+                result = await self._summarize_batch(summary, batch, facts)
             except ProviderError as error:
                 # Later batches would summarize a history with a hole in it: stop here.
                 logger.warning("summary batch failed", extra={"reason": error.reason, "batch_messages": _size(batch)})
                 return done, 1
             done.append((batch, result))
-            summary = result.text
+            summary, facts = result.text, list(result.facts)
         return done, 0
+
+    async def _summarize_batch(self, summary: str, batch: Sequence[Unit], facts: Sequence[Fact]) -> BatchSummary:
+        """One batch; a prompt the model finds too large is retried with each message clipped shorter,
+        since a whole turn is never split and would otherwise block compaction for good."""
+        settings = self._settings
+        clip = settings.summary_input_message_chars
+        while True:
+            try:
+                return await summarize_batch(
+                    self._provider,
+                    summary,
+                    batch,
+                    carried_facts=facts,
+                    max_output_tokens=settings.summary_max_output_tokens,
+                    max_message_chars=clip,
+                )
+            except ProviderInputTooLarge:
+                if clip <= MIN_MESSAGE_CHARS:
+                    raise
+                clip = max(MIN_MESSAGE_CHARS, clip // 4)
+                logger.info("summary prompt too large; clipping messages shorter", extra={"clip_chars": clip})
 
     async def _persist(self, new: store.NewSummary, run: _Run, report: api.CompactionReport) -> dict[str, Any] | None:
         """CAS the summary and record its event in one transaction; None on a conflict."""

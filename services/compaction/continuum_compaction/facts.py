@@ -121,9 +121,38 @@ def missing_facts(facts: Sequence[Fact], summary: str) -> list[Fact]:
     return [fact for fact in facts if not is_kept(fact, summary)]
 
 
+PRESERVED_TITLE = "Preserved facts (kept verbatim by Continuum):"
+_KINDS = ("constraint", "path", "command", "error", "todo")
+
+
 def with_preserved_facts(summary: str, missing: Sequence[Fact]) -> str:
     """The summary with the facts it still lost appended by the program, verbatim."""
     if not missing:
         return summary
     lines = "\n".join(fact.render() for fact in missing)
-    return f"{summary.rstrip()}\n\nPreserved facts (kept verbatim by Continuum):\n{lines}"
+    return f"{summary.rstrip()}\n\n{PRESERVED_TITLE}\n{lines}"
+
+
+def preserved_facts(summary: str) -> list[Fact]:
+    """The facts an earlier summary had to have appended: they must survive the next one too."""
+    found: list[Fact] = []
+    in_list = False
+    for line in summary.splitlines():
+        if line == PRESERVED_TITLE:
+            in_list = True
+            continue
+        kind, separator, text = line.removeprefix("- ").partition(": ")
+        if in_list and line.startswith("- ") and separator and kind in _KINDS:
+            found.append(Fact(kind, text))
+        else:
+            in_list = False
+    return found
+
+
+def merge_facts(earlier: Iterable[Fact], later: Iterable[Fact]) -> list[Fact]:
+    """Both lists without repeats, at most `MAX_FACTS` (the most recent win)."""
+    merged: dict[tuple[str, str], Fact] = {}
+    for fact in (*earlier, *later):
+        merged.pop((fact.kind, fact.text), None)
+        merged[(fact.kind, fact.text)] = fact
+    return list(merged.values())[-MAX_FACTS:]

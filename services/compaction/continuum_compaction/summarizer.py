@@ -5,13 +5,23 @@ No database work happens here, so no transaction is ever held across a model cal
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from continuum_compaction.cuts import Unit
-from continuum_compaction.facts import extract_facts, missing_facts, with_preserved_facts
+from continuum_compaction.facts import Fact, extract_facts, merge_facts, missing_facts, with_preserved_facts
 from continuum_compaction.history import LoadedMessage, message_text
-from continuum_runtime.provider import ChatMessage, Completion, ModelProvider, ProviderBadResponse, estimate_tokens
+from continuum_runtime.provider import (
+    ChatMessage,
+    Completion,
+    ModelProvider,
+    ProviderBadResponse,
+    ProviderError,
+    estimate_tokens,
+)
+
+logger = logging.getLogger("continuum.compaction")
 
 INSTRUCTIONS = (
     "You maintain the running summary of a coding-assistant session so the work can continue without "
@@ -39,6 +49,8 @@ class BatchSummary:
     model: str
     input_tokens: int
     output_tokens: int
+    # Every fact this summary was checked against (carried forward to the next batch).
+    facts: tuple[Fact, ...]
     facts_found: int
     facts_kept: int
 
@@ -82,10 +94,16 @@ async def summarize_batch(
     previous_summary: str,
     units: Sequence[Unit],
     *,
+    carried_facts: Sequence[Fact],
     max_output_tokens: int,
     max_message_chars: int,
 ) -> BatchSummary:
-    """Fold `units` into `previous_summary`. Raises the provider's error when the batch fails."""
+    """Fold `units` into `previous_summary`. Raises the provider's error when the batch fails.
+
+    The summary is checked against the facts of these messages and `carried_facts` (what earlier
+    batches and summaries had to keep): one corrective retry for the missing ones, then whatever is
+    still missing is appended by the program. A failed retry keeps the first answer.
+    """
     messages = [message for unit in units for message in unit.messages]
     prompt = prompt_messages(previous_summary, messages, max_message_chars)
     completion = await provider.complete(prompt, max_output_tokens=max_output_tokens)
@@ -93,27 +111,31 @@ async def summarize_batch(
     text = completion.text.strip()
     if not text:
         raise ProviderBadResponse("the provider returned an empty summary")
-    facts = extract_facts(messages)
+    facts = merge_facts(carried_facts, extract_facts(messages))
     missing = missing_facts(facts, text)
     if missing:
         correction = "\n".join(fact.render() for fact in missing)
-        retry_prompt = [
-            *prompt,
-            ChatMessage("assistant", text),
-            ChatMessage("system", f"{CORRECTION}\n{correction}"),
-        ]
-        retried = await provider.complete(retry_prompt, max_output_tokens=max_output_tokens)
-        more_input, more_output = _usage(retried, retry_prompt)
-        input_tokens += more_input
-        output_tokens += more_output
-        retried_text = retried.text.strip()
-        retried_missing = missing_facts(facts, retried_text) if retried_text else missing
-        if retried_text and len(retried_missing) < len(missing):
-            text, missing = retried_text, retried_missing
+        retry_prompt = [*prompt, ChatMessage("assistant", text), ChatMessage("system", f"{CORRECTION}\n{correction}")]
+        try:
+            retried = await provider.complete(retry_prompt, max_output_tokens=max_output_tokens)
+        except ProviderError as error:
+            # The first answer is still a summary: keep it and let the program append what it lost.
+            logger.warning("corrective summary retry failed", extra={"reason": error.reason})
+        else:
+            more_input, more_output = _usage(retried, retry_prompt)
+            input_tokens += more_input
+            output_tokens += more_output
+            retried_text = retried.text.strip()
+            retried_missing = missing_facts(facts, retried_text) if retried_text else missing
+            if retried_text and len(retried_missing) < len(missing):
+                text, missing = retried_text, retried_missing
     final = with_preserved_facts(text, missing)
     current = [unit for unit in units if unit.holds_current_request]
     if current:
         # Mid-loop: the running turn's request goes in verbatim, never paraphrased by the model.
-        request = message_text(current[0].messages[0].message)
-        final = f"{final}\n\nCurrent user request (verbatim):\n{request}"
-    return BatchSummary(final, completion.model, input_tokens, output_tokens, len(facts), len(facts) - len(missing))
+        request = current[0].messages[0]
+        label = f"User request #{request.message_id} (in progress when this summary was written; verbatim):"
+        final = f"{final}\n\n{label}\n{message_text(request.message)}"
+    return BatchSummary(
+        final, completion.model, input_tokens, output_tokens, tuple(facts), len(facts), len(facts) - len(missing)
+    )

@@ -28,7 +28,7 @@ from continuum_compaction.summarizer import CLOSING
 from continuum_runtime.auth import call_metadata
 from continuum_runtime.channels import open_channel
 from continuum_runtime.database import Database
-from continuum_runtime.provider import ChatMessage, Completion, ProviderUnavailable, Usage
+from continuum_runtime.provider import ChatMessage, Completion, ProviderInputTooLarge, ProviderUnavailable, Usage
 from continuum_runtime.server import GrpcService
 
 OWNER = "alice"
@@ -47,6 +47,8 @@ class ScriptedProvider:
     fail_calls: set[int] = field(default_factory=set)
     gate: asyncio.Event | None = None
     reply: Callable[[Sequence[ChatMessage]], str] | None = None
+    # Prompts longer than this are refused as too large (HTTP 413 from a real server).
+    max_prompt_chars: int | None = None
     calls: list[list[ChatMessage]] = field(default_factory=list)
     waiting: int = 0
     name: str = "scripted"
@@ -60,6 +62,8 @@ class ScriptedProvider:
             await self.gate.wait()
         if index in self.fail_calls:
             raise ProviderUnavailable("scripted failure")
+        if self.max_prompt_chars is not None and sum(len(m.content) for m in messages) > self.max_prompt_chars:
+            raise ProviderInputTooLarge("scripted: prompt too large")
         body = self.reply(messages) if self.reply else f"summary of {summarized_ids(messages)}"
         return Completion(text=body, model=self.model, usage=Usage(10, 5), finish_reason="stop")
 

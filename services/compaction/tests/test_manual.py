@@ -110,7 +110,10 @@ async def test_running_session_queues_a_signal_that_fires_at_the_next_tool_round
         # Mid-loop: the current request and its completed rounds but the latest are summarized.
         assert mid.boundary_message_id == round_[1]
         assert [m.message_id for m in mid.messages[1:]] == round_[2:]
-        assert "Current user request (verbatim):\ncurrent request" in mid.messages[0].content[0].text
+        assert (
+            f"User request #{current[0]} (in progress when this summary was written; verbatim):\ncurrent request"
+            in (mid.messages[0].content[0].text)
+        )
         assert current[0] < mid.boundary_message_id
         # Consumed exactly once.
         later = await stack.build("s1", run_id="run-7", trigger_point=api.TRIGGER_POINT_MID_LOOP)
