@@ -52,6 +52,10 @@ class SessionEventsConsumer:
                 await self._consume()
             except grpc.aio.AioRpcError as error:
                 logger.warning("session events stream broke; resuming", extra={"code": error.code().name})
+            except Exception as error:
+                # A database hiccup must not end cleanup for the life of the process: resume from the
+                # durable cursor (the class name only: an error's text may quote a row).
+                logger.warning("session events consumer failed; resuming", extra={"error": type(error).__name__})
             await asyncio.sleep(self._retry_seconds)
 
     async def _consume(self) -> None:

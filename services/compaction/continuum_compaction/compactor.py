@@ -16,6 +16,7 @@ No model call holds a database transaction.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -151,7 +152,29 @@ class Compactor:
             await self._finish(run, report, baseline, announcer)
             return baseline, report
         await announcer.started(attempt.mode, attempt.run_id, baseline.boundary)
-        done, run.failed = await self._summarize(baseline.summary, plan.candidates)
+        try:
+            return await self._run(user, session, baseline, plan.candidates, run, report, announcer)
+        except Exception as error:
+            # The request still gets a correct context (the summary it started from and everything
+            # after it); the attempt is recorded and announced as failed unless it already persisted.
+            logger.warning("compaction failed", extra={"session_id": session.session_id, "error": type(error).__name__})
+            if report.outcome != pb.COMPACTION_OUTCOME_COMPACTED:
+                report.outcome = pb.COMPACTION_OUTCOME_FAILED
+                with contextlib.suppress(Exception):
+                    await self._finish(run, report, baseline, announcer)
+            return baseline, report
+
+    async def _run(
+        self,
+        user: str,
+        session: tpb.Session,
+        baseline: Baseline,
+        candidates: Sequence[Unit],
+        run: _Run,
+        report: api.CompactionReport,
+        announcer: Announcer,
+    ) -> tuple[Baseline, api.CompactionReport]:
+        done, run.failed = await self._summarize(baseline.summary, candidates)
         chosen = _largest_safe_prefix(baseline.history, done)
         if chosen is None:
             report.outcome = pb.COMPACTION_OUTCOME_FAILED

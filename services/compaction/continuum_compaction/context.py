@@ -7,10 +7,13 @@ the automatic setting says; a signal of any other run is stale and is dropped.
 
 from __future__ import annotations
 
+import asyncio
+
 from continuum.compaction.v1 import compaction_service_pb2 as api
 from continuum.compaction.v1 import resources_pb2 as pb
 from continuum_compaction import store, validation
 from continuum_compaction.announce import Announcer
+from continuum_compaction.clock import now_ms
 from continuum_compaction.compactor import Attempt, Compactor
 from continuum_compaction.request import build_request
 from continuum_compaction.settings import CompactionSettings
@@ -40,16 +43,22 @@ class ContextBuilder:
             signalled = mid_loop and await store.take_signal(connection, session_id, run_id)
         window = request.context_window_tokens or self._settings.context_window_tokens
         announcer = Announcer(self._transcript, user, session_id)
-        baseline = await self._compactor.load(user, session_id)
         attempt: Attempt | None = None
         if signalled:
             attempt = Attempt(pb.TRIGGER_MODE_MANUAL, run_id, force=True, mid_loop=True, window_tokens=window)
         elif self._settings.auto_compaction and not request.skip_auto_compaction:
             mode = pb.TRIGGER_MODE_MID_LOOP if mid_loop else pb.TRIGGER_MODE_REQUEST_START
             attempt = Attempt(mode, run_id, force=False, mid_loop=mid_loop, window_tokens=window)
-        if attempt is not None:
-            baseline, report = await self._compactor.compact(user, session, baseline, attempt, announcer)
-        else:
+        try:
+            baseline = await self._compactor.load(user, session_id)
+            if attempt is not None:
+                baseline, report = await self._compactor.compact(user, session, baseline, attempt, announcer)
+        except BaseException:
+            if signalled:
+                # The user was told "queued": a request that failed before compacting must not use it up.
+                await asyncio.shield(self._requeue(session_id, run_id))
+            raise
+        if attempt is None:
             report = api.CompactionReport(
                 outcome=pb.COMPACTION_OUTCOME_NOT_TRIGGERED,
                 boundary_before=baseline.boundary,
@@ -74,3 +83,7 @@ class ContextBuilder:
             compaction=report,
             boundary_message_id=baseline.boundary,
         )
+
+    async def _requeue(self, session_id: str, run_id: str) -> None:
+        async with self._database.transaction() as connection:
+            await store.put_signal(connection, session_id, run_id, now_ms())

@@ -49,7 +49,7 @@ class ManualCompaction:
         holder = f"compact-now:{uuid.uuid4().hex}"
         ttl = self._settings.claim_ttl_seconds
         try:
-            claim_id = await self._transcript.acquire_compaction_claim(user, session_id, holder, ttl)
+            claim_id = await self._acquire(user, session_id, holder, ttl)
         except SessionRunning as running:
             if running.holder_kind == RUN_CLAIM and running.holder:
                 async with self._database.transaction() as connection:
@@ -79,6 +79,17 @@ class ManualCompaction:
                 await renewing
             await self._release(user, claim_id)
         return api.CompactNowResponse(state=api.COMPACT_NOW_STATE_COMPLETED, report=report)
+
+    async def _acquire(self, user: str, session_id: str, holder: str, ttl: float) -> str:
+        # Shielded: a caller who hangs up while transcript grants the claim must not leave it held
+        # (every new turn would be refused until the lease ran out); it is released at once instead.
+        acquiring = asyncio.ensure_future(self._transcript.acquire_compaction_claim(user, session_id, holder, ttl))
+        try:
+            return await asyncio.shield(acquiring)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await self._release(user, await acquiring)
+            raise
 
     async def _keep_claim(self, user: str, claim_id: str, ttl: float) -> None:
         # A slow model must not let the lease lapse while the summary is being written.

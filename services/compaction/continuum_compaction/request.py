@@ -103,14 +103,28 @@ def manifest_json(manifest: pb.ContextManifest) -> str:
     return json_format.MessageToJson(manifest, indent=None)
 
 
+# Labels are display text: shortened to this, then dropped, when even without memory ids the
+# manifest is too large (32 labels of 80 CJK characters escape to far more than 8 KB).
+SHORT_LABEL_CHARS = 16
+
+
+def _size(manifest: pb.ContextManifest) -> int:
+    return len(manifest_json(manifest).encode())
+
+
 def bounded(manifest: pb.ContextManifest, max_bytes: int) -> pb.ContextManifest:
-    """Drop memory ids from the end until the serialized manifest fits (they are trimmed first, and
-    are the only part that grows with the caller's input beyond the validated section limits)."""
-    if len(manifest_json(manifest).encode()) <= max_bytes:
+    """Fit the serialized manifest in `max_bytes`: drop memory ids from the end first, then shorten
+    the section labels, then drop them. Keys and figures always stay."""
+    if _size(manifest) <= max_bytes:
         return manifest
     trimmed = pb.ContextManifest()
     trimmed.CopyFrom(manifest)
-    trimmed.memory_ids_trimmed = True
-    while trimmed.memory_ids and len(manifest_json(trimmed).encode()) > max_bytes:
+    trimmed.trimmed = True
+    while trimmed.memory_ids and _size(trimmed) > max_bytes:
         trimmed.memory_ids.pop()
+    for length in (SHORT_LABEL_CHARS, 0):
+        if _size(trimmed) <= max_bytes:
+            break
+        for section in trimmed.sections:
+            section.label = section.label[:length]
     return trimmed

@@ -63,9 +63,13 @@ class CompactionServicer(api_grpc.CompactionServiceServicer):
         before: int | None = None
         if request.page_token:
             try:
-                before = int(decode_page_token(request.page_token, parameters))
-            except (PageTokenError, TypeError, ValueError) as error:
+                cursor = decode_page_token(request.page_token, parameters)
+            except PageTokenError as error:
                 raise BadRequest("page_token", "is not a token issued for this session's events") from error
+            # Tokens are opaque, not signed: a forged cursor must still be a plausible event id.
+            if not isinstance(cursor, int) or isinstance(cursor, bool) or not 0 < cursor < 2**63:
+                raise BadRequest("page_token", "is not a token issued for this session's events")
+            before = cursor
         await self._transcript.get_session(user, session_id)
         async with self._db.connection() as connection:
             rows = await store.list_events(connection, session_id, before, size + 1)

@@ -45,6 +45,8 @@ class ScriptedProvider:
     """Answers with `summary: ids ...`; fails the calls whose 0-based index is in `fail_calls`."""
 
     fail_calls: set[int] = field(default_factory=set)
+    # Calls (0-based) that raise an unexpected error, as a provider bug would.
+    crash_calls: set[int] = field(default_factory=set)
     gate: asyncio.Event | None = None
     reply: Callable[[Sequence[ChatMessage]], str] | None = None
     # Prompts longer than this are refused as too large (HTTP 413 from a real server).
@@ -62,6 +64,8 @@ class ScriptedProvider:
             await self.gate.wait()
         if index in self.fail_calls:
             raise ProviderUnavailable("scripted failure")
+        if index in self.crash_calls:
+            raise RuntimeError("scripted bug")
         if self.max_prompt_chars is not None and sum(len(m.content) for m in messages) > self.max_prompt_chars:
             raise ProviderInputTooLarge("scripted: prompt too large")
         body = self.reply(messages) if self.reply else f"summary of {summarized_ids(messages)}"
@@ -237,6 +241,8 @@ class RecordingProxy:
         self._channel: grpc.aio.Channel | None = None
         self._server = grpc.aio.server()
         self.calls: list[tuple[str, bytes]] = []
+        # Methods (by short name) answered UNAVAILABLE instead of forwarded, to stage an outage.
+        self.unavailable: set[str] = set()
         self.port = 0
 
     def target(self, port: int) -> None:
@@ -263,7 +269,10 @@ class RecordingProxy:
         upstream = self._channel.unary_unary(method)
 
         async def forward(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-            self.calls.append((method.rsplit("/", 1)[-1], request))
+            name = method.rsplit("/", 1)[-1]
+            self.calls.append((name, request))
+            if name in self.unavailable:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "staged outage")
             metadata = tuple((key, value) for key, value in context.invocation_metadata() or ())
             try:
                 response: bytes = await upstream(request, metadata=metadata)

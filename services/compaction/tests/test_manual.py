@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 import pytest
-from compaction_testing import ScriptedProvider, Stack, eventually, running_stack
+from compaction_testing import RecordingProxy, ScriptedProvider, Stack, eventually, running_stack
 from google.protobuf import duration_pb2, json_format
 from transcript_testing import Follower, assistant, refused, tool, user
 
@@ -209,3 +209,55 @@ async def test_idle_manual_compaction_is_visible_in_follow(stack: Stack) -> None
     assert events[2][1]["boundary"] == response.report.boundary_after
     manifest = json_format.ParseDict(events[3][1]["manifest"], pb.ContextManifest())
     assert [section.key for section in manifest.sections] == ["summary", "messages"]
+
+
+async def test_a_queued_signal_survives_a_request_that_failed_before_compacting(
+    tmp_path: Path, database_url: str
+) -> None:
+    proxy = RecordingProxy()
+    async with running_stack(tmp_path, database_url, proxy=proxy, auto_compaction=False) as stack:
+        await _history(stack)
+        await stack.transcript.stub.AcquireClaims(_claim(tpb.CLAIM_KIND_RUN, "run-7"), metadata=stack.user())
+        await stack.append("s1", user("current"), assistant("a", "c1"), tool("c1", "ok"), assistant("b", "c2"))
+        await stack.append("s1", tool("c2", "ok"))
+        assert (await _compact_now(stack)).state == api.COMPACT_NOW_STATE_QUEUED
+        proxy.unavailable.add("ListMessagesAfter")
+
+        await refused(
+            stack.build("s1", run_id="run-7", trigger_point=api.TRIGGER_POINT_MID_LOOP),
+            grpc.StatusCode.UNAVAILABLE,
+            "TRANSCRIPT_UNAVAILABLE",
+        )
+        proxy.unavailable.clear()
+        retried = await stack.build("s1", run_id="run-7", trigger_point=api.TRIGGER_POINT_MID_LOOP)
+
+        assert retried.compaction.trigger_mode == pb.TRIGGER_MODE_MANUAL
+        assert retried.compaction.outcome == pb.COMPACTION_OUTCOME_COMPACTED
+
+
+async def test_an_unexpected_failure_mid_compaction_is_recorded_and_the_request_still_answered(
+    tmp_path: Path, database_url: str
+) -> None:
+    async with running_stack(tmp_path, database_url, ScriptedProvider(crash_calls={0})) as stack:
+        ids = await _history(stack)
+
+        response = await stack.build("s1")
+
+        assert response.compaction.outcome == pb.COMPACTION_OUTCOME_FAILED
+        assert [m.message_id for m in response.messages] == ids
+        (event,) = await _events(stack)
+        assert (event.outcome, event.trigger_mode) == (pb.COMPACTION_OUTCOME_FAILED, pb.TRIGGER_MODE_REQUEST_START)
+        assert await stack.record_rows("s1") == []
+
+
+async def test_automatic_mid_loop_compaction_records_its_trigger(stack: Stack) -> None:
+    await _history(stack)
+    rounds = await stack.append("s1", user("current"), assistant("a", "c1"), tool("c1", "ok"), assistant("b", "c2"))
+    rounds += await stack.append("s1", tool("c2", "ok"))
+
+    response = await stack.build("s1", trigger_point=api.TRIGGER_POINT_MID_LOOP)
+
+    assert response.compaction.trigger_mode == pb.TRIGGER_MODE_MID_LOOP
+    assert response.boundary_message_id == rounds[2]
+    (event,) = await _events(stack)
+    assert event.trigger_mode == pb.TRIGGER_MODE_MID_LOOP

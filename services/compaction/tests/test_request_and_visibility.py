@@ -15,6 +15,7 @@ from continuum.compaction.v1 import compaction_service_pb2 as api
 from continuum.compaction.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as tapi
+from continuum_runtime.paging import encode_page_token
 from continuum_runtime.provider import estimate_tokens
 
 SECTIONS = [
@@ -99,7 +100,7 @@ async def test_the_manifest_stays_within_8_kb_by_trimming_memory_ids(stack: Stac
     response = await stack.build("s1", system_prompt_sections=sections, memory_entries=entries)
 
     assert len(json_format.MessageToJson(response.manifest, indent=None).encode()) <= 8192
-    assert response.manifest.memory_ids_trimmed
+    assert response.manifest.trimmed
     assert 0 < len(response.manifest.memory_ids) < 64
     assert list(response.manifest.memory_ids) == [e.memory_id for e in entries[: len(response.manifest.memory_ids)]]
     # The system prompt itself is never trimmed.
@@ -246,3 +247,30 @@ async def test_a_call_without_an_acting_user_is_refused(stack: Stack) -> None:
             api.GetCompactionSummaryRequest(session_id="s1"), metadata=stack.transcript.system
         )
     assert raised.value.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT)
+
+
+async def test_long_labels_are_shortened_when_the_manifest_would_pass_8_kb(stack: Stack) -> None:
+    await stack.new_session("s1")
+    await stack.append("s1", user("a"))
+    sections = [api.PromptSection(key=f"section-{n:02d}", label="说明" * 40, text="t") for n in range(32)]
+
+    response = await stack.build("s1", system_prompt_sections=sections)
+
+    assert len(json_format.MessageToJson(response.manifest, indent=None).encode()) <= 8192
+    assert response.manifest.trimmed
+    assert [s.key for s in response.manifest.sections][:32] == [f"system:section-{n:02d}" for n in range(32)]
+    assert response.system_prompt == "t" * 32
+
+
+async def test_a_forged_page_token_is_refused(stack: Stack) -> None:
+    await stack.new_session("s1")
+    parameters = {"rpc": "ListCompactionEvents", "session_id": "s1"}
+    for cursor in (10**30, -1, "x", True):
+        forged = encode_page_token(cursor, parameters)
+        await refused(
+            stack.stub.ListCompactionEvents(
+                api.ListCompactionEventsRequest(session_id="s1", page_token=forged), metadata=stack.user()
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_ARGUMENT",
+        )

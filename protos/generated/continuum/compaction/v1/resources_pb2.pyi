@@ -255,15 +255,17 @@ class ContextManifest(_message.Message):
     EFFECTIVE_WINDOW_TOKENS_FIELD_NUMBER: _builtins.int
     ESTIMATED_TOTAL_TOKENS_FIELD_NUMBER: _builtins.int
     TOKENS_ARE_ESTIMATES_FIELD_NUMBER: _builtins.int
-    MEMORY_IDS_TRIMMED_FIELD_NUMBER: _builtins.int
+    TRIMMED_FIELD_NUMBER: _builtins.int
     effective_window_tokens: _builtins.int
     """The window the decision used: the model's own window, else the configured one."""
     estimated_total_tokens: _builtins.int
     """Sum of the sections."""
     tokens_are_estimates: _builtins.bool
     """Always true: figures are UTF-8 bytes / 4 estimates."""
-    memory_ids_trimmed: _builtins.bool
-    """True when memory ids were dropped to keep the serialized manifest within 8 KB."""
+    trimmed: _builtins.bool
+    """True when the serialized manifest had to be trimmed to stay within 8 KB: memory ids are dropped
+    first, then section labels are shortened; keys and figures always stay.
+    """
     @_builtins.property
     def sections(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContextSection]: ...
     @_builtins.property
@@ -278,11 +280,11 @@ class ContextManifest(_message.Message):
         effective_window_tokens: _builtins.int = ...,
         estimated_total_tokens: _builtins.int = ...,
         tokens_are_estimates: _builtins.bool = ...,
-        memory_ids_trimmed: _builtins.bool = ...,
+        trimmed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["effective_window_tokens", b"effective_window_tokens", "estimated_total_tokens", b"estimated_total_tokens", "memory_ids", b"memory_ids", "memory_ids_trimmed", b"memory_ids_trimmed", "sections", b"sections", "tokens_are_estimates", b"tokens_are_estimates"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["effective_window_tokens", b"effective_window_tokens", "estimated_total_tokens", b"estimated_total_tokens", "memory_ids", b"memory_ids", "sections", b"sections", "tokens_are_estimates", b"tokens_are_estimates", "trimmed", b"trimmed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
