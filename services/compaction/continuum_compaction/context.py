@@ -2,7 +2,8 @@
 
 The existing summary is always injected, whether or not this request compacts and also when automatic
 compaction is off. A manual compaction queued for this run fires at its tool-round boundary whatever
-the automatic setting says; a signal of any other run is stale and is dropped.
+the automatic setting says; a signal of any other run is stale and is dropped. Whether memory is
+injected is decided when a run starts and kept for all its requests.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ class ContextBuilder:
         async with self._database.transaction() as connection:
             await store.drop_stale_signals(connection, session_id, run_id)
             signalled = mid_loop and await store.take_signal(connection, session_id, run_id)
+            inject_memory = await store.memory_choice(
+                connection, session_id, run_id, not mid_loop, not session.memory_injection_disabled, now_ms()
+            )
         window = request.context_window_tokens or self._settings.context_window_tokens
         announcer = Announcer(self._transcript, user, session_id)
         attempt: Attempt | None = None
@@ -65,7 +69,7 @@ class ContextBuilder:
                 boundary_after=baseline.boundary,
                 boundary_was_invalid=baseline.boundary_was_invalid,
             )
-        memory = [] if session.memory_injection_disabled else list(request.memory_entries)
+        memory = list(request.memory_entries) if inject_memory else []
         built = build_request(
             session_id,
             request.system_prompt_sections,

@@ -11,7 +11,13 @@ from dataclasses import dataclass
 from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from continuum_compaction.tables import compaction_events, compaction_signals, event_cursors, session_compactions
+from continuum_compaction.tables import (
+    compaction_events,
+    compaction_signals,
+    event_cursors,
+    run_choices,
+    session_compactions,
+)
 from continuum_runtime.database import insert_ignoring_conflicts
 
 
@@ -169,10 +175,34 @@ async def drop_stale_signals(connection: AsyncConnection, session_id: str, run_i
     return int((await connection.execute(statement)).rowcount)
 
 
+async def memory_choice(
+    connection: AsyncConnection, session_id: str, run_id: str, run_starts: bool, current: bool, now_ms: int
+) -> bool:
+    """Whether run `run_id` injects memory: `current` (the session's switch now) when the run starts or
+    is not known yet, otherwise what was decided when it started."""
+    if not run_starts:
+        row = (
+            await connection.execute(
+                select(run_choices.c.run_id, run_choices.c.inject_memory).where(run_choices.c.session_id == session_id)
+            )
+        ).first()
+        if row is not None and row.run_id == run_id:
+            return bool(row.inject_memory)
+    statement = (
+        insert_ignoring_conflicts(connection, run_choices)
+        .values(session_id=session_id, run_id=run_id, inject_memory=current, create_ms=now_ms)
+        .on_conflict_do_update(
+            index_elements=["session_id"], set_={"run_id": run_id, "inject_memory": current, "create_ms": now_ms}
+        )
+    )
+    await connection.execute(statement)
+    return current
+
+
 async def forget_session(connection: AsyncConnection, session_id: str) -> int:
     """Remove everything compaction holds for a deleted session; returns rows removed."""
     removed = 0
-    for table in (session_compactions, compaction_signals, compaction_events):
+    for table in (session_compactions, compaction_signals, compaction_events, run_choices):
         removed += int((await connection.execute(delete(table).where(table.c.session_id == session_id))).rowcount)
     return removed
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Index, Integer, MetaData, String, Table, Text
+from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, MetaData, String, Table, Text
 
 metadata = MetaData()
 
@@ -54,6 +54,17 @@ compaction_signals = Table(
     metadata,
     Column("session_id", String(64), primary_key=True),
     Column("run_id", String(128), nullable=False),
+    Column("create_ms", BigInteger, nullable=False),
+)
+
+# The memory-injection choice of a session's current run: decided when the run starts and kept for
+# all its requests, so turning the switch off takes effect from the next run (seed 004 §5.1).
+run_choices = Table(
+    "run_choices",
+    metadata,
+    Column("session_id", String(64), primary_key=True),
+    Column("run_id", String(128), nullable=False),
+    Column("inject_memory", Boolean, nullable=False),
     Column("create_ms", BigInteger, nullable=False),
 )
 

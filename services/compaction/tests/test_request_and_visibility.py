@@ -76,18 +76,25 @@ async def test_the_models_own_window_wins(stack: Stack) -> None:
     assert response.manifest.effective_window_tokens == 200_000
 
 
-async def test_memory_switch_off_means_no_memory_section_from_the_next_request(stack: Stack) -> None:
+async def test_memory_switch_off_takes_effect_from_the_next_run(stack: Stack) -> None:
     await stack.new_session("s1")
     await stack.append("s1", user("a"))
+    fields: dict[str, Any] = {"system_prompt_sections": SECTIONS, "memory_entries": MEMORIES}
+    started = await stack.build("s1", run_id="run-1", **fields)
     await _set_memory_switch(stack, disabled=True)
 
-    off = await stack.build("s1", system_prompt_sections=SECTIONS, memory_entries=MEMORIES)
+    same_run = await stack.build("s1", run_id="run-1", trigger_point=api.TRIGGER_POINT_MID_LOOP, **fields)
+    next_run = await stack.build("s1", run_id="run-2", **fields)
+    next_run_mid = await stack.build("s1", run_id="run-2", trigger_point=api.TRIGGER_POINT_MID_LOOP, **fields)
 
-    assert _section(off.manifest, "memory") is None
-    assert list(off.manifest.memory_ids) == []
-    assert off.system_prompt == "".join(s.text for s in SECTIONS)
+    # The running run keeps what it started with; the next run has no memory section and no ids.
+    assert list(started.manifest.memory_ids) == list(same_run.manifest.memory_ids) == ["m-1", "m-2"]
+    for off in (next_run, next_run_mid):
+        assert _section(off.manifest, "memory") is None
+        assert list(off.manifest.memory_ids) == []
+        assert off.system_prompt == "".join(s.text for s in SECTIONS)
     await _set_memory_switch(stack, disabled=False)
-    on = await stack.build("s1", system_prompt_sections=SECTIONS, memory_entries=MEMORIES)
+    on = await stack.build("s1", run_id="run-3", **fields)
     assert list(on.manifest.memory_ids) == ["m-1", "m-2"]
 
 

@@ -1,4 +1,4 @@
-"""Compaction records, events, manual signals and the session-events cursor
+"""Compaction records, events, manual signals, run choices and the session-events cursor
 
 Revision ID: 0001
 Revises:
@@ -60,6 +60,14 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("session_id"),
     )
     op.create_table(
+        "run_choices",
+        sa.Column("session_id", sa.String(length=64), nullable=False),
+        sa.Column("run_id", sa.String(length=128), nullable=False),
+        sa.Column("inject_memory", sa.Boolean(), nullable=False),
+        sa.Column("create_ms", sa.BigInteger(), nullable=False),
+        sa.PrimaryKeyConstraint("session_id"),
+    )
+    op.create_table(
         "event_cursors",
         sa.Column("consumer", sa.String(length=64), nullable=False),
         sa.Column("last_event_id", sa.BigInteger(), nullable=False),
@@ -70,6 +78,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("event_cursors")
+    op.drop_table("run_choices")
     op.drop_table("compaction_signals")
     op.drop_index("ix_compaction_events_session", table_name="compaction_events")
     op.drop_table("compaction_events")
