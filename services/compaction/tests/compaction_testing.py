@@ -12,11 +12,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
+from google.protobuf import json_format
 from pydantic import SecretStr
 from sqlalchemy import text
-from transcript_testing import SERVICE_TOKEN, TranscriptClient, running_transcript
+from transcript_testing import SERVICE_TOKEN, Follower, TranscriptClient, running_transcript
 
 from continuum.compaction.v1 import compaction_service_pb2 as api
 from continuum.compaction.v1 import compaction_service_pb2_grpc as api_grpc
@@ -222,6 +224,16 @@ async def eventually(probe: Callable[[], object], seconds: float = 10.0) -> None
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.05)
+
+
+async def runtime_events(follower: Follower, count: int) -> list[tuple[str, dict[str, Any]]]:
+    """The next `count` runtime events a Follow stream shows, as (kind, payload) pairs."""
+    events: list[tuple[str, dict[str, Any]]] = []
+    while len(events) < count:
+        frame = await follower.next()
+        if frame.WhichOneof("frame") == "batch":
+            events += [(event.kind, json_format.MessageToDict(event.payload)) for event in frame.batch.events]
+    return events
 
 
 def status_code(error: grpc.aio.AioRpcError) -> grpc.StatusCode:

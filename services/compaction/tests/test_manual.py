@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
-from compaction_testing import RecordingProxy, ScriptedProvider, Stack, eventually, running_stack
+from compaction_testing import RecordingProxy, ScriptedProvider, Stack, eventually, running_stack, runtime_events
 from google.protobuf import duration_pb2, json_format
 from transcript_testing import Follower, assistant, refused, tool, user
 
@@ -198,11 +197,7 @@ async def test_idle_manual_compaction_is_visible_in_follow(stack: Stack) -> None
 
     response = await _compact_now(stack)
 
-    events: list[tuple[str, dict[str, Any]]] = []
-    while len(events) < 4:
-        frame = await follower.next()
-        if frame.WhichOneof("frame") == "batch":
-            events += [(e.kind, json_format.MessageToDict(e.payload)) for e in frame.batch.events]
+    events = await runtime_events(follower, 4)
     follower.close()
     assert [kind for kind, _ in events] == ["compaction_start", "compaction_end", "compaction_marker", "context_window"]
     assert {payload["trigger_mode"] for _, payload in events[:3]} == {"manual"}

@@ -7,7 +7,7 @@ from typing import Any
 
 import grpc
 import pytest
-from compaction_testing import Stack, running_stack
+from compaction_testing import Stack, running_stack, runtime_events
 from google.protobuf import field_mask_pb2, json_format
 from transcript_testing import Follower, assistant, refused, user
 
@@ -122,11 +122,7 @@ async def test_compaction_and_context_window_events_reach_follow(stack: Stack) -
 
     response = await stack.build("s1", system_prompt_sections=SECTIONS)
 
-    events: list[tuple[str, dict[str, Any]]] = []
-    while len(events) < 4:
-        frame = await follower.next()
-        if frame.WhichOneof("frame") == "batch":
-            events += [(e.kind, json_format.MessageToDict(e.payload)) for e in frame.batch.events]
+    events = await runtime_events(follower, 4)
     follower.close()
     assert [kind for kind, _ in events] == ["compaction_start", "compaction_end", "compaction_marker", "context_window"]
     assert events[0][1]["trigger_mode"] == "request_start"
