@@ -303,6 +303,7 @@ async def stage(client: TranscriptClient, connection: asyncpg.Connection, case: 
             session_id=case.session_id,
             message_id=case.boundary,
             expected_history_generation=got.session.history_generation,
+            expected_fence_message_id=got.session.compaction_fence_message_id,
         ),
         metadata=client.metadata,
     )

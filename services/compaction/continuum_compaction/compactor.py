@@ -7,8 +7,9 @@ The order of one compaction (seed 001 §7.2-§7.10):
 3. if the trigger holds (or the user forced it), summarize whole-turn batches; a failed batch
    stops the later ones;
 4. pick the largest successful batch prefix whose boundary passes the prefix-integrity check;
-5. raise transcript's edit fence, conditioned on the history generation that was loaded, so an
-   edit in between makes us discard the result and an edit afterwards is refused;
+5. move transcript's edit fence up to the new boundary, a compare-and-set from the fence read with
+   the session at the history generation that was loaded: an edit in between, or another
+   compaction moving the fence first, makes us discard the result; an edit afterwards is refused;
 6. compare-and-set the record; on a conflict discard the result, reload once and go on without
    compacting again; on success reload after the new boundary so messages written meanwhile count.
 No model call holds a database transaction.
@@ -35,7 +36,7 @@ from continuum_compaction.facts import Fact, preserved_facts
 from continuum_compaction.history import LoadedHistory, load_history
 from continuum_compaction.settings import CompactionSettings
 from continuum_compaction.summarizer import BatchSummary, summarize_batch, summary_message_text
-from continuum_compaction.transcript_client import HistoryRewritten, TranscriptClient
+from continuum_compaction.transcript_client import FenceMoved, HistoryRewritten, TranscriptClient
 from continuum_runtime.database import Database
 from continuum_runtime.provider import ModelProvider, ProviderError, ProviderInputTooLarge, estimate_message_tokens
 
@@ -174,6 +175,13 @@ class Compactor:
         report: api.CompactionReport,
         announcer: Announcer,
     ) -> tuple[Baseline, api.CompactionReport]:
+        if max(max(unit.ids) for unit in candidates) < session.compaction_fence_message_id:
+            # Another compaction fenced past everything this one could summarize and is persisting
+            # (or crashed before it could; the next compaction that reaches further moves on).
+            report.outcome = pb.COMPACTION_OUTCOME_CONFLICT
+            reloaded = await self.load(user, session.session_id)
+            await self._finish(run, report, reloaded, announcer)
+            return reloaded, report
         done, run.failed = await self._summarize(baseline.summary, candidates)
         chosen = _largest_safe_prefix(baseline.history, done)
         if chosen is None:
@@ -194,14 +202,24 @@ class Compactor:
             input_tokens=sum(result.input_tokens for result in succeeded),
             output_tokens=sum(result.output_tokens for result in succeeded),
         )
-        try:
-            await self._transcript.set_fence(user, session.session_id, boundary, session.history_generation)
-        except HistoryRewritten:
-            report.outcome = pb.COMPACTION_OUTCOME_HISTORY_REWRITTEN
-            reloaded = await self.load(user, session.session_id)
-            await self._finish(run, report, reloaded, announcer)
-            return reloaded, report
-        recorded = await self._persist(new, run, report)
+        fence = session.compaction_fence_message_id
+        recorded: dict[str, Any] | None = None
+        # Below the fence another compaction already covers more: yield to its summary. At the fence,
+        # the messages are already protected; above it, move it first (compare-and-set).
+        if boundary >= fence:
+            try:
+                if boundary > fence:
+                    await self._transcript.set_fence(
+                        user, session.session_id, boundary, session.history_generation, expected_fence=fence
+                    )
+                recorded = await self._persist(new, run, report)
+            except HistoryRewritten:
+                report.outcome = pb.COMPACTION_OUTCOME_HISTORY_REWRITTEN
+                reloaded = await self.load(user, session.session_id)
+                await self._finish(run, report, reloaded, announcer)
+                return reloaded, report
+            except FenceMoved:
+                recorded = None
         if recorded is None:
             # Never resubmit this result against the newer boundary: it did not fold that summary in.
             report.outcome = pb.COMPACTION_OUTCOME_CONFLICT

@@ -31,6 +31,10 @@ class HistoryRewritten(Exception):
     """An edit rewrote the session's history after compaction loaded it; the result must be discarded."""
 
 
+class FenceMoved(Exception):
+    """Another compaction moved transcript's fence after this one read it; the result must be discarded."""
+
+
 class SessionRunning(Exception):
     """The session's tree is claimed by a running turn (`run_id`) or another holder."""
 
@@ -111,16 +115,24 @@ class TranscriptClient:
             if not token:
                 return messages
 
-    async def set_fence(self, user: str, session_id: str, message_id: int, generation: int) -> None:
-        """Raise transcript's edit fence to `message_id`, unless history was rewritten since `generation`."""
+    async def set_fence(
+        self, user: str, session_id: str, message_id: int, generation: int, expected_fence: int
+    ) -> None:
+        """Move transcript's edit fence from `expected_fence` up to `message_id`, unless the history was
+        rewritten since `generation` (`HistoryRewritten`) or another compaction moved it (`FenceMoved`)."""
         request = api.SetCompactionFenceRequest(
-            session_id=session_id, message_id=message_id, expected_history_generation=generation
+            session_id=session_id,
+            message_id=message_id,
+            expected_history_generation=generation,
+            expected_fence_message_id=expected_fence,
         )
         try:
             await self._call(self._stub.SetCompactionFence, request, user)
         except TranscriptRefused as refused:
             if refused.reason == "HISTORY_REWRITTEN":
                 raise HistoryRewritten(session_id) from refused
+            if refused.reason == "COMPACTION_FENCE_MOVED":
+                raise FenceMoved(session_id) from refused
             raise
 
     async def acquire_compaction_claim(self, user: str, session_id: str, holder: str, ttl_seconds: float) -> str:

@@ -58,6 +58,13 @@ class MessageAlreadyCompacted(TranscriptError):
     reason = "MESSAGE_ALREADY_COMPACTED"
 
 
+class CompactionFenceMoved(TranscriptError):
+    """A compaction fence was refused: another compaction moved the fence after the caller read it."""
+
+    code = grpc.StatusCode.ABORTED
+    reason = "COMPACTION_FENCE_MOVED"
+
+
 class HistoryRewritten(TranscriptError):
     """A compaction fence was refused: an edit rewrote the history after the caller loaded it."""
 

@@ -1,35 +1,38 @@
 """The compaction fence: the highest message id a session's summary covers.
 
-Compaction raises it before it persists a summary, conditioned on the history generation it
-summarized; edits at or below it are refused (`messages.edit_user_message`). Both write the
+Compaction moves it up before it persists a summary: a compare-and-set from the fence it read, at
+the history generation it summarized, so concurrent compactions cannot both move it and it never
+runs ahead of the summary that wins. Edits at or below it are refused (`messages.edit_user_message`). Both write the
 session row, so on PostgreSQL its row lock orders them and on SQLite the single writer does.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import RowMapping, case, select, update
+from sqlalchemy import RowMapping, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from continuum_transcript import sessions
 from continuum_transcript.clock import now_ms
-from continuum_transcript.errors import HistoryRewritten, MessageNotFound
+from continuum_transcript.errors import CompactionFenceMoved, HistoryRewritten, MessageNotFound
 from continuum_transcript.tables import messages
 from continuum_transcript.tables import sessions as sessions_table
 
 
 async def set_fence(
-    connection: AsyncConnection, owner: str, session_id: str, message_id: int, expected_generation: int
+    connection: AsyncConnection,
+    owner: str,
+    session_id: str,
+    message_id: int,
+    expected_generation: int,
+    expected_fence: int,
 ) -> RowMapping:
-    """Raise the fence to `message_id` only if the history generation is still `expected_generation`;
-    returns the updated session row.
-
-    The fence never moves down. A compaction that loses its compare-and-set to a newer summary may
-    still have raised the fence; lowering it afterwards could expose messages the newer summary
-    covers, so a fence above the stored boundary (refusing a few more edits) is the safe side.
+    """Move the fence from `expected_fence` up to `message_id`, only if the history generation is
+    still `expected_generation`; returns the updated session row.
 
     One conditional UPDATE decides, by whether it matched the row. An edit that committed first
-    bumped the generation, so this refuses with HISTORY_REWRITTEN and the caller must discard its
-    summary; an edit waiting behind this UPDATE's row lock finds the new fence and is refused.
+    bumped the generation, so this refuses with HISTORY_REWRITTEN; a compaction that moved the fence
+    first makes this refuse with COMPACTION_FENCE_MOVED. Either way the caller discards its summary.
+    An edit waiting behind this UPDATE's row lock finds the new fence and is refused.
     """
     await sessions.load(connection, owner, session_id)
     result = await connection.execute(
@@ -37,29 +40,28 @@ async def set_fence(
         .where(
             sessions_table.c.session_id == session_id,
             sessions_table.c.history_generation == expected_generation,
+            sessions_table.c.compaction_fence_message_id == expected_fence,
             sessions_table.c.deleted.is_(False),
         )
-        .values(
-            compaction_fence_message_id=case(
-                (sessions_table.c.compaction_fence_message_id < message_id, message_id),
-                else_=sessions_table.c.compaction_fence_message_id,
-            ),
-            update_ms=now_ms(),
-        )
+        .values(compaction_fence_message_id=message_id, update_ms=now_ms())
         .returning(*sessions_table.c)
     )
     row = result.mappings().first()
     if row is None:
-        # Deleted meanwhile → NOT_FOUND; otherwise the generation moved.
+        # Deleted meanwhile → NOT_FOUND; otherwise the generation or the fence moved.
         current = await sessions.load(connection, owner, session_id)
-        raise HistoryRewritten(
-            "the history was rewritten after the caller loaded it; discard the summary",
-            metadata={
-                "session_id": session_id,
-                "expected_history_generation": expected_generation,
-                "history_generation": current["history_generation"],
-            },
-        )
+        details = {
+            "session_id": session_id,
+            "expected_history_generation": expected_generation,
+            "history_generation": current["history_generation"],
+            "expected_fence_message_id": expected_fence,
+            "fence_message_id": current["compaction_fence_message_id"],
+        }
+        if current["history_generation"] != expected_generation:
+            raise HistoryRewritten(
+                "the history was rewritten after the caller loaded it; discard the summary", metadata=details
+            )
+        raise CompactionFenceMoved("another compaction moved the fence first; discard the summary", metadata=details)
     # Checked under the row lock: an edit deleting the boundary would have moved the generation.
     if message_id and not await _is_live_message(connection, session_id, message_id):
         raise MessageNotFound(

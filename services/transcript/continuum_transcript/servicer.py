@@ -254,11 +254,14 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
     ) -> api.SetCompactionFenceResponse:
         owner = acting_user(context)
         session_id = validation.session_id(request.session_id)
+        expected_fence = validation.non_negative(request.expected_fence_message_id, "expected_fence_message_id")
         message_id = validation.non_negative(request.message_id, "message_id")
+        if message_id <= expected_fence:
+            raise BadRequest("message_id", "must be above expected_fence_message_id: the fence only moves up")
         expected = validation.positive(request.expected_history_generation, "expected_history_generation")
         # No publisher: the fence changes no history and no Follow generation, only the session row.
         async with self._db.transaction() as connection:
-            row = await fence.set_fence(connection, owner, session_id, message_id, expected)
+            row = await fence.set_fence(connection, owner, session_id, message_id, expected, expected_fence)
         return api.SetCompactionFenceResponse(
             session_id=session_id,
             message_id=row["compaction_fence_message_id"],

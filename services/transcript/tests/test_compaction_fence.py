@@ -63,9 +63,13 @@ def _fence(
     message_id: int,
     generation: int,
     who: str = ALICE,
+    expected_fence: int = 0,
 ) -> Awaitable[api.SetCompactionFenceResponse]:
     request = api.SetCompactionFenceRequest(
-        session_id=session_id, message_id=message_id, expected_history_generation=generation
+        session_id=session_id,
+        message_id=message_id,
+        expected_history_generation=generation,
+        expected_fence_message_id=expected_fence,
     )
     return stub.SetCompactionFence(request, metadata=client.as_user(who))  # type: ignore[no-any-return]
 
@@ -143,9 +147,17 @@ async def test_a_fence_at_a_stale_generation_is_history_rewritten(transcript: Tr
 
     assert (await _fence(transcript.stub, transcript, sid, ids[1], 2)).message_id == ids[1]
     assert await _session_state(transcript, sid) == (2, ids[1])
-    # The fence never moves down: a lower value (or zero) leaves it where it is.
-    assert (await _fence(transcript.stub, transcript, sid, ids[0], 2)).message_id == ids[1]
-    assert (await _fence(transcript.stub, transcript, sid, 0, 2)).message_id == ids[1]
+    # A compare-and-set: a second compaction that read the old fence cannot move it.
+    moved = await refused(
+        _fence(transcript.stub, transcript, sid, ids[3], 2), grpc.StatusCode.ABORTED, "COMPACTION_FENCE_MOVED"
+    )
+    assert (moved.metadata["expected_fence_message_id"], moved.metadata["fence_message_id"]) == ("0", str(ids[1]))
+    # And it never moves down.
+    await refused(
+        _fence(transcript.stub, transcript, sid, ids[0], 2, expected_fence=ids[1]),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_ARGUMENT",
+    )
     await refused(
         _edit(transcript.stub, transcript, sid, ids[0], "u1, reworded"),
         grpc.StatusCode.FAILED_PRECONDITION,
@@ -163,7 +175,9 @@ async def test_the_fence_must_be_a_live_message_of_the_session(transcript: Trans
     await _edit(transcript.stub, transcript, sid, ids[2], "u2, reworded")  # deletes ids[3]
     for message_id in (foreign, ids[3], 999_999_999):
         await refused(
-            _fence(transcript.stub, transcript, sid, message_id, 2), grpc.StatusCode.NOT_FOUND, "MESSAGE_NOT_FOUND"
+            _fence(transcript.stub, transcript, sid, message_id, 2, expected_fence=ids[0]),
+            grpc.StatusCode.NOT_FOUND,
+            "MESSAGE_NOT_FOUND",
         )
     assert await _session_state(transcript, sid) == (2, ids[0])
 
@@ -176,10 +190,12 @@ async def test_only_the_owner_may_set_the_fence_of_a_live_session(transcript: Tr
         grpc.StatusCode.PERMISSION_DENIED,
         "SESSION_PERMISSION_DENIED",
     )
-    await refused(_fence(transcript.stub, transcript, "missing", 0, 1), grpc.StatusCode.NOT_FOUND, "SESSION_NOT_FOUND")
+    await refused(_fence(transcript.stub, transcript, "missing", 1, 1), grpc.StatusCode.NOT_FOUND, "SESSION_NOT_FOUND")
     assert await _session_state(transcript, sid) == (1, 0)
     await transcript.stub.DeleteSession(api.DeleteSessionRequest(session_id=sid), metadata=transcript.as_user(ALICE))
-    await refused(_fence(transcript.stub, transcript, sid, 0, 1), grpc.StatusCode.NOT_FOUND, "SESSION_NOT_FOUND")
+    await refused(
+        _fence(transcript.stub, transcript, sid, message_id, 1), grpc.StatusCode.NOT_FOUND, "SESSION_NOT_FOUND"
+    )
 
 
 async def test_bad_fence_requests_are_invalid_arguments_and_change_nothing(transcript: TranscriptClient) -> None:
@@ -190,7 +206,11 @@ async def test_bad_fence_requests_are_invalid_arguments_and_change_nothing(trans
         "message_id": (sid, -1, 1),
         "expected_history_generation": (sid, message_id, 0),
     }
-    cases_more = [("bad id!", message_id, 1, "session_id"), (sid, message_id, -3, "expected_history_generation")]
+    cases_more = [
+        ("bad id!", message_id, 1, "session_id"),
+        (sid, message_id, -3, "expected_history_generation"),
+        (sid, 0, 1, "message_id"),  # not above the expected fence
+    ]
     calls = [(s, m, g, field) for field, (s, m, g) in cases.items()] + cases_more
     for session_id, fence_id, generation, field in calls:
         details = await refused(
@@ -244,7 +264,9 @@ async def test_postgres_edit_and_fence_races_have_exactly_one_winner(transcript:
             fence: object
             edit, fence = await asyncio.gather(
                 _jittered(partial(_edit, transcript.stub, transcript, sid, edited_id, f"q{round_number}, edited")),
-                _jittered(partial(_fence, compaction, transcript, sid, boundary, generation)),
+                _jittered(
+                    partial(_fence, compaction, transcript, sid, boundary, generation, expected_fence=fence_before)
+                ),
                 return_exceptions=True,
             )
             edit_won = _outcome(edit, "MESSAGE_ALREADY_COMPACTED")

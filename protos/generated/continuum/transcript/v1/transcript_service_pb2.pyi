@@ -618,16 +618,19 @@ Global___EditUserMessageRequest: _TypeAlias = EditUserMessageRequest  # noqa: Y0
 class SetCompactionFenceRequest(_message.Message):
     """Request of SetCompactionFence.
 
-    Compaction calls this BEFORE it persists a summary whose boundary is message_id, with the
-    history generation of the history it summarized. Once the fence is set, transcript refuses
-    (inside its own transaction) every edit of a USER message with id <= message_id with
-    FAILED_PRECONDITION / MESSAGE_ALREADY_COMPACTED. The fence and edits are serialized on the
-    session row: either an edit commits first (its generation bump makes this call fail with
-    ABORTED / HISTORY_REWRITTEN, and compaction must discard its summary), or the fence commits
-    first (and the edit is refused). Errors: NOT_FOUND / SESSION_NOT_FOUND for an unknown or deleted
-    session, PERMISSION_DENIED for another user's session, NOT_FOUND / MESSAGE_NOT_FOUND when
-    message_id is not a live message of the session, INVALID_ARGUMENT for a malformed session_id,
-    a negative message_id or an expected_history_generation below 1 (nothing changes then).
+    Compaction calls this BEFORE it persists a summary whose boundary is message_id: a
+    compare-and-set from the fence it read (expected_fence_message_id) at the history generation it
+    summarized. Of two compactions that read the same fence only one moves it; the other gets
+    ABORTED / COMPACTION_FENCE_MOVED and discards its result, so the fence never runs ahead of the
+    summary that wins. Once the fence is set, transcript refuses (inside its own transaction) every
+    edit of a USER message with id <= message_id with FAILED_PRECONDITION / MESSAGE_ALREADY_COMPACTED.
+    The fence and edits are serialized on the session row: either an edit commits first (its
+    generation bump makes this call fail with ABORTED / HISTORY_REWRITTEN, and compaction must
+    discard its summary), or the fence commits first (and the edit is refused). Errors: NOT_FOUND /
+    SESSION_NOT_FOUND for an unknown or deleted session, PERMISSION_DENIED for another user's
+    session, NOT_FOUND / MESSAGE_NOT_FOUND when message_id is not a live message of the session,
+    INVALID_ARGUMENT for a malformed session_id, a message_id not above the expected fence, or an
+    expected_history_generation below 1 (nothing changes then).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -635,24 +638,27 @@ class SetCompactionFenceRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     MESSAGE_ID_FIELD_NUMBER: _builtins.int
     EXPECTED_HISTORY_GENERATION_FIELD_NUMBER: _builtins.int
+    EXPECTED_FENCE_MESSAGE_ID_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     message_id: _builtins.int
-    """The summary's boundary: a live message of the session. The fence only ever moves up: a lower
-    value (or 0) leaves it where it is, because a compaction that lost its race to a newer summary
-    must not expose messages that summary covers.
+    """The summary's boundary: a live message of the session, above the expected fence (the fence
+    only ever moves up).
     """
     expected_history_generation: _builtins.int
     """The session's history_generation the caller loaded the summarized history at."""
+    expected_fence_message_id: _builtins.int
+    """The fence the caller read (Session.compaction_fence_message_id) before loading the history."""
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         message_id: _builtins.int = ...,
         expected_history_generation: _builtins.int = ...,
+        expected_fence_message_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected_history_generation", b"expected_history_generation", "message_id", b"message_id", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected_fence_message_id", b"expected_fence_message_id", "expected_history_generation", b"expected_history_generation", "message_id", b"message_id", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
