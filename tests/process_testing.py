@@ -19,6 +19,14 @@ def alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
+def runs(pid: int, marker: bytes) -> bool:
+    """True while `pid` is alive and its command line contains `marker` (guards against a reused pid)."""
+    try:
+        return alive(pid) and marker in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return False  # it exited between the two reads
+
+
 def children_of(parent: int) -> set[int]:
     """Live processes whose parent is `parent`."""
     found = set()

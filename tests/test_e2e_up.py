@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from process_testing import alive, children_of
+from process_testing import alive, children_of, runs
 
 pytestmark = pytest.mark.e2e
 
@@ -81,7 +81,7 @@ class Run:
         self.process.wait()
         for pid in self.child_pids:
             # Children lead their own process groups; the cmdline check guards against a reused pid.
-            if alive(pid) and b"continuum_" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if runs(pid, b"continuum_"):
                 os.killpg(pid, signal.SIGKILL)
 
 

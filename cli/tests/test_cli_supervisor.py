@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from process_testing import alive, children_of
+from process_testing import alive, children_of, runs
 
 HERE = Path(__file__).parent
 
@@ -103,7 +103,7 @@ def start_up(tmp_path: Path) -> Iterator[StartUp]:
                 up.process.kill()
             up.process.wait()
             for pid in pids:
-                if alive(pid) and b"cli_fake_component" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if runs(pid, b"cli_fake_component"):
                     os.kill(pid, signal.SIGKILL)
 
 

@@ -28,13 +28,14 @@ import hashlib
 import logging
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import grpc
 from starlette.datastructures import Headers
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from continuum_gateway.errors import DOMAIN, close_code_for, error_body, error_response, websocket_error_message
+from continuum_gateway.errors import DOMAIN, body_close_code, body_response, error_body, websocket_error_message
 
 logger = logging.getLogger("continuum.gateway")
 
@@ -88,7 +89,11 @@ def bearer_subprotocol(token: str) -> str:
     return BEARER_SUBPROTOCOL_PREFIX + base64.urlsafe_b64encode(token.encode()).decode().rstrip("=")
 
 
-_UNAUTHENTICATED_MESSAGE = "a valid bearer token is required"
+def _unauthenticated_body() -> dict[str, Any]:
+    """The refusal of a request without a known token, for HTTP and WebSocket alike."""
+    return error_body(
+        grpc.StatusCode.UNAUTHENTICATED, "a valid bearer token is required", reason="UNAUTHENTICATED", domain=DOMAIN
+    )
 
 
 class AuthMiddleware:
@@ -126,13 +131,7 @@ class AuthMiddleware:
             if scope["type"] == "websocket":
                 await self._refuse_websocket(scope, receive, send)
                 return
-            response = error_response(
-                grpc.StatusCode.UNAUTHENTICATED,
-                _UNAUTHENTICATED_MESSAGE,
-                reason="UNAUTHENTICATED",
-                domain=DOMAIN,
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+            response = body_response(_unauthenticated_body(), headers={"WWW-Authenticate": "Bearer"})
             await response(scope, receive, send)
             return
         scope[_USER_SCOPE_KEY] = user
@@ -143,13 +142,12 @@ class AuthMiddleware:
             return
         offered = scope.get("subprotocols", [])
         selected = next((p for p in offered if p in self.subprotocols), None)
-        code = grpc.StatusCode.UNAUTHENTICATED
-        body = error_body(code, _UNAUTHENTICATED_MESSAGE, reason="UNAUTHENTICATED", domain=DOMAIN)
+        body = _unauthenticated_body()
         # OSError: the client is gone already (the server's disconnect error derives from it).
         with contextlib.suppress(OSError):
             await send({"type": "websocket.accept", "subprotocol": selected})
             await send({"type": "websocket.send", "text": websocket_error_message(body)})
-            await send({"type": "websocket.close", "code": close_code_for(code)})
+            await send({"type": "websocket.close", "code": body_close_code(body)})
 
     def _takes_subprotocol(self, path: str) -> bool:
         return any(pattern.match(path) for pattern in self.subprotocol_paths)

@@ -46,10 +46,7 @@ async def list_compaction_events(request: Request) -> Response:
         compaction_service_pb2.ListCompactionEventsRequest(session_id=request.path_params["session_id"]),
         {"pageSize": "pageSize", "pageToken": "pageToken", "includeSummaryText": "includeSummaryText"},
     )
-    response: compaction_service_pb2.ListCompactionEventsResponse = await call_compaction(
-        request, lambda c: c.ListCompactionEvents, message
-    )
-    return json_response(response)
+    return json_response(await call_compaction(request, lambda c: c.ListCompactionEvents, message))
 
 
 async def compact_now(request: Request) -> Response:
@@ -58,10 +55,7 @@ async def compact_now(request: Request) -> Response:
     # The path names the session, whatever the body says.
     message.session_id = request.path_params["session_id"]
     bind_query(request, message, {})
-    response: compaction_service_pb2.CompactNowResponse = await call_compaction(
-        request, lambda c: c.CompactNow, message
-    )
-    return json_response(response)
+    return json_response(await call_compaction(request, lambda c: c.CompactNow, message))
 
 
 ROUTES = [

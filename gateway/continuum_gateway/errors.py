@@ -85,32 +85,17 @@ HTTP_STATUS: Mapping[grpc.StatusCode, int] = {
     grpc.StatusCode.UNAUTHENTICATED: 401,
 }
 
-# The only place a gRPC code meets a WebSocket close code: 4000 + its HTTP status; OK is a normal closure.
+# The only place a gRPC code meets a WebSocket close code: 4000 + its HTTP status (derived from
+# `HTTP_STATUS`, so the two tables cannot drift apart); OK is a normal closure.
 WEBSOCKET_CLOSE_CODE: Mapping[grpc.StatusCode, int] = {
-    grpc.StatusCode.OK: 1000,
-    grpc.StatusCode.CANCELLED: 4499,
-    grpc.StatusCode.UNKNOWN: 4500,
-    grpc.StatusCode.INVALID_ARGUMENT: 4400,
-    grpc.StatusCode.DEADLINE_EXCEEDED: 4504,
-    grpc.StatusCode.NOT_FOUND: 4404,
-    grpc.StatusCode.ALREADY_EXISTS: 4409,
-    grpc.StatusCode.PERMISSION_DENIED: 4403,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 4429,
-    grpc.StatusCode.FAILED_PRECONDITION: 4400,
-    grpc.StatusCode.ABORTED: 4409,
-    grpc.StatusCode.OUT_OF_RANGE: 4400,
-    grpc.StatusCode.UNIMPLEMENTED: 4501,
-    grpc.StatusCode.INTERNAL: 4500,
-    grpc.StatusCode.UNAVAILABLE: 4503,
-    grpc.StatusCode.DATA_LOSS: 4500,
-    grpc.StatusCode.UNAUTHENTICATED: 4401,
+    code: 1000 if code == grpc.StatusCode.OK else 4000 + status for code, status in HTTP_STATUS.items()
 }
 
 # The peer lacks a capability this call needs (e.g. `transcript-v2`); there is no legacy fallback.
 UPGRADE_REQUIRED = "UPGRADE_REQUIRED"
 # ErrorInfo reasons with a more precise answer than their gRPC code's, in both tables.
 REASON_HTTP_STATUS: Mapping[str, int] = {UPGRADE_REQUIRED: 426}
-REASON_CLOSE_CODE: Mapping[str, int] = {UPGRADE_REQUIRED: 4426}
+REASON_CLOSE_CODE: Mapping[str, int] = {reason: 4000 + status for reason, status in REASON_HTTP_STATUS.items()}
 
 
 def http_status_for(code: grpc.StatusCode, reason: str = "") -> int:

@@ -40,10 +40,7 @@ async def append_messages(request: Request) -> Response:
     message = await parse_body(request, transcript_service_pb2.AppendMessagesRequest())
     # The path names the session, whatever the body says.
     message.session_id = request.path_params["session_id"]
-    response: transcript_service_pb2.AppendMessagesResponse = await call_transcript(
-        request, lambda t: t.AppendMessages, message
-    )
-    return json_response(response)
+    return json_response(await call_transcript(request, lambda t: t.AppendMessages, message))
 
 
 async def list_messages_after(request: Request) -> Response:
@@ -53,10 +50,7 @@ async def list_messages_after(request: Request) -> Response:
         transcript_service_pb2.ListMessagesAfterRequest(session_id=request.path_params["session_id"]),
         {"after": "afterMessageId", "pageSize": "pageSize", "pageToken": "pageToken"},
     )
-    response: transcript_service_pb2.ListMessagesAfterResponse = await call_transcript(
-        request, lambda t: t.ListMessagesAfter, message
-    )
-    return json_response(response)
+    return json_response(await call_transcript(request, lambda t: t.ListMessagesAfter, message))
 
 
 async def list_message_page(request: Request) -> Response:
@@ -73,10 +67,7 @@ async def list_message_page(request: Request) -> Response:
         },
         values={"direction": _DIRECTIONS},
     )
-    response: transcript_service_pb2.ListMessagePageResponse = await call_transcript(
-        request, lambda t: t.ListMessagePage, message
-    )
-    return json_response(response)
+    return json_response(await call_transcript(request, lambda t: t.ListMessagePage, message))
 
 
 async def get_message(request: Request) -> Response:
@@ -86,10 +77,7 @@ async def get_message(request: Request) -> Response:
         transcript_service_pb2.GetMessageRequest(session_id=request.path_params["session_id"]),
         {"message_id": "messageId"},
     )
-    response: transcript_service_pb2.GetMessageResponse = await call_transcript(
-        request, lambda t: t.GetMessage, message
-    )
-    return json_response(response)
+    return json_response(await call_transcript(request, lambda t: t.GetMessage, message))
 
 
 async def edit_user_message(request: Request) -> Response:
@@ -97,10 +85,7 @@ async def edit_user_message(request: Request) -> Response:
     message = await parse_body(request, transcript_service_pb2.EditUserMessageRequest())
     message.session_id = request.path_params["session_id"]
     bind_path(request, message, {"message_id": "messageId"})
-    response: transcript_service_pb2.EditUserMessageResponse = await call_transcript(
-        request, lambda t: t.EditUserMessage, message
-    )
-    return json_response(response)
+    return json_response(await call_transcript(request, lambda t: t.EditUserMessage, message))
 
 
 ROUTES = [

@@ -40,10 +40,7 @@ async def list_sessions(request: Request) -> Response:
         transcript_service_pb2.ListSessionsRequest(),
         {"pageSize": "pageSize", "pageToken": "pageToken", "parentSessionId": "parentSessionId"},
     )
-    response: transcript_service_pb2.ListSessionsResponse = await call_transcript(
-        request, lambda t: t.ListSessions, message
-    )
-    return json_response(response)
+    return json_response(await call_transcript(request, lambda t: t.ListSessions, message))
 
 
 async def get_session(request: Request) -> Response:
@@ -53,10 +50,7 @@ async def get_session(request: Request) -> Response:
         transcript_service_pb2.GetSessionRequest(session_id=request.path_params["session_id"]),
         {"includeDeleted": "includeDeleted"},
     )
-    response: transcript_service_pb2.GetSessionResponse = await call_transcript(
-        request, lambda t: t.GetSession, message
-    )
-    return json_response(response)
+    return json_response(await call_transcript(request, lambda t: t.GetSession, message))
 
 
 async def update_session(request: Request) -> Response:
@@ -66,10 +60,7 @@ async def update_session(request: Request) -> Response:
     message = bind_query(
         request, transcript_service_pb2.UpdateSessionRequest(session=session), {"updateMask": "updateMask"}
     )
-    response: transcript_service_pb2.UpdateSessionResponse = await call_transcript(
-        request, lambda t: t.UpdateSession, message
-    )
-    return json_response(response)
+    return json_response(await call_transcript(request, lambda t: t.UpdateSession, message))
 
 
 async def delete_session(request: Request) -> Response:
@@ -77,10 +68,7 @@ async def delete_session(request: Request) -> Response:
     message = bind_query(
         request, transcript_service_pb2.DeleteSessionRequest(session_id=request.path_params["session_id"]), {}
     )
-    response: transcript_service_pb2.DeleteSessionResponse = await call_transcript(
-        request, lambda t: t.DeleteSession, message
-    )
-    return json_response(response)
+    return json_response(await call_transcript(request, lambda t: t.DeleteSession, message))
 
 
 ROUTES = [

@@ -11,8 +11,6 @@ from continuum_runtime.auth import USER_ID_PATTERN
 
 # The user the optional development token stands for.
 DEV_USER = "dev"
-# Services accept only acting users of this shape (see `continuum_runtime.auth`); checking it here
-# turns a misconfigured user into a start-up failure instead of a 500 on every call.
 
 
 class GatewaySettings(BaseSettings):
@@ -83,6 +81,8 @@ class GatewaySettings(BaseSettings):
         for token, user in self.users.items():
             if not token.get_secret_value():
                 raise ValueError("GATEWAY_USERS: a bearer token must not be empty")
+            # Services accept only acting users of this shape (see `continuum_runtime.auth`): checking it
+            # here turns a misconfigured user into a start-up failure instead of a 500 on every call.
             if not USER_ID_PATTERN.match(user):
                 raise ValueError(f"GATEWAY_USERS: user id {user!r} must match {USER_ID_PATTERN.pattern}")
         return self

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
@@ -18,6 +19,16 @@ from continuum_transcript.server import start
 from continuum_transcript.settings import TranscriptSettings
 
 
+@asynccontextmanager
+async def _running(starting: Awaitable[GrpcService]) -> AsyncIterator[GrpcService]:
+    """The service `starting` starts, stopped at once when the block ends."""
+    service = await starting
+    try:
+        yield service
+    finally:
+        await service.stop(grace=0)
+
+
 @pytest.fixture(scope="module")
 async def transcript(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[GrpcService]:
     """A real transcript service on embedded SQLite, shared by a module's tests (they use distinct ids)."""
@@ -27,11 +38,8 @@ async def transcript(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[
         service_token=SecretStr(SERVICE_TOKEN),
         database_url="",
     )
-    service = await start(settings)
-    try:
+    async with _running(start(settings)) as service:
         yield service
-    finally:
-        await service.stop(grace=0)
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +57,8 @@ async def compaction(transcript: GrpcService, tmp_path_factory: pytest.TempPathF
         transcript_address=f"127.0.0.1:{transcript.port}",
         consume_session_events=False,
     )
-    service = await start_compaction(settings)
-    try:
+    async with _running(start_compaction(settings)) as service:
         yield service
-    finally:
-        await service.stop(grace=0)
 
 
 @pytest.fixture(scope="module")

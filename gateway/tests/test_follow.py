@@ -63,6 +63,15 @@ async def _eventually(condition: Callable[[], bool], seconds: float = 10) -> Non
             await asyncio.sleep(0.02)
 
 
+async def _small_window_socket(port: int) -> socket.socket:
+    """A socket connected to the gateway with a 4 KiB receive buffer, for a browser that stops reading."""
+    client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    client.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(client, ("127.0.0.1", port))
+    return client
+
+
 def _as_relayed(frame: transcript_service_pb2.FollowResponse) -> dict[str, Any]:
     """What the gateway must send for `frame`: the oneof's JSON name as type, then proto JSON."""
     kind = frame.WhichOneof("frame")
@@ -431,10 +440,7 @@ async def test_a_browser_that_stops_reading_gets_an_overflow_resync_and_4429(
         tmp_path, transcript.port, send_buffer=4096, follow_close_timeout_seconds=30, **bound
     ) as gateway:
         # A browser with a small receive window that stops reading after its first message.
-        client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        client.setblocking(False)
-        await asyncio.get_running_loop().sock_connect(client, ("127.0.0.1", gateway.port))
+        client = await _small_window_socket(gateway.port)
         with caplog.at_level(logging.INFO, logger=FOLLOW_LOGGER):
             async with follower(gateway, session_id, ALICE_TOKEN, sock=client, max_queue=1) as websocket:
                 await _eventually(lambda: gateway.upstreams.open_follows == 1)
@@ -654,10 +660,7 @@ async def test_a_stalled_browser_on_a_shared_stream_overflows_alone(
     async with live_gateway(
         tmp_path, transcript.port, send_buffer=4096, follow_close_timeout_seconds=30, follow_buffer_frames=8
     ) as gateway:
-        client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        client.setblocking(False)
-        await asyncio.get_running_loop().sock_connect(client, ("127.0.0.1", gateway.port))
+        client = await _small_window_socket(gateway.port)
         with caplog.at_level(logging.INFO, logger=FOLLOW_LOGGER):
             async with (
                 follower(gateway, session_id, ALICE_TOKEN) as reader,

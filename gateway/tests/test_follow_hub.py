@@ -140,6 +140,11 @@ class Private:
             return False
         return self.hub.align(self.outbox, alignment_key(frame, kind))
 
+    def baseline(self, seq: int = 10) -> None:
+        """Its own handshake and snapshot, cut at `seq`: no switch point yet."""
+        assert not self.relay(handshake())
+        assert not self.relay(snapshot_end(seq))
+
 
 @pytest.fixture
 async def hubs() -> AsyncIterator[Hubs]:
@@ -176,8 +181,7 @@ async def test_a_browser_behind_the_hub_catches_up_from_its_recent_frames(hubs: 
     assert (again, created) == (hub, False)
     private = Private(hub, joiner)
     # Its own baseline was cut after batch 10; its own stream is one switch point behind the hub.
-    assert not private.relay(handshake())
-    assert not private.relay(snapshot_end(10))
+    private.baseline()
     assert not private.relay(chunk(0))
     assert private.relay(batch(11))
     # What the hub relayed after batch 11, then live frames, exactly once each.
@@ -204,8 +208,7 @@ async def test_a_browser_gone_cannot_join_the_hub(hubs: Hubs) -> None:
     hub, creator, _ = await _live_hub(hubs, upstreams)
     joiner = Outbox(64, 1 << 20)
     private = Private(hub, joiner)
-    private.relay(handshake())
-    private.relay(snapshot_end(10))
+    private.baseline()
     # The browser left while its reader still had a frame in hand.
     joiner.abandon()
     hub.leave(joiner)
@@ -223,8 +226,7 @@ async def test_a_browser_ahead_of_the_hub_switches_when_the_hub_gets_there(hubs:
     joiner = Outbox(64, 1 << 20)
     hubs.join(cast(Upstreams, upstreams), REQUEST, "alice", joiner)
     private = Private(hub, joiner)
-    private.relay(handshake())
-    private.relay(snapshot_end(10))
+    private.baseline()
     assert not private.relay(chunk(0))
     assert not private.relay(batch(11))
     assert hub.waiting == 1
@@ -244,8 +246,7 @@ async def test_a_frame_that_is_no_switch_point_cancels_the_wait(hubs: Hubs) -> N
     joiner = Outbox(64, 1 << 20)
     hubs.join(cast(Upstreams, upstreams), REQUEST, "alice", joiner)
     private = Private(hub, joiner)
-    private.relay(handshake())
-    private.relay(snapshot_end(10))
+    private.baseline()
     private.relay(batch(11))
     # Its own stream moved on past batch 11 before the hub got there: switching at batch 11 now
     # would relay chunk 0 twice.
@@ -273,8 +274,7 @@ async def test_a_browser_too_far_behind_stays_on_its_own_stream(hubs: Hubs) -> N
     joiner = Outbox(64, 1 << 20)
     hubs.join(cast(Upstreams, upstreams), REQUEST, "alice", joiner)
     private = Private(hub, joiner)
-    private.relay(handshake())
-    private.relay(snapshot_end(10))
+    private.baseline()
     assert not private.relay(batch(11))
     assert not private.relay(batch(21))  # still forgotten: the hub keeps 22..29
     assert private.relay(batch(22))
@@ -295,8 +295,7 @@ async def test_one_browser_overflowing_or_leaving_leaves_the_others_alone(hubs: 
     await settle()
     joiner = Outbox(64, 1 << 20)
     private = Private(hub, joiner)
-    private.relay(handshake())
-    private.relay(snapshot_end(10))
+    private.baseline()
     assert private.relay(batch(11))
     # The creator does not read: its fifth queued frame overflows it, and only it (its backlog is
     # dropped for the overflow resync).
@@ -328,8 +327,7 @@ async def test_a_joiner_waiting_keeps_the_hub_when_every_subscriber_left(hubs: H
     hub, creator, call = await _live_hub(hubs, upstreams)
     joiner = Outbox(64, 1 << 20)
     private = Private(hub, joiner)
-    private.relay(handshake())
-    private.relay(snapshot_end(10))
+    private.baseline()
     private.relay(batch(11))
     hub.leave(creator)
     await settle()
@@ -348,13 +346,11 @@ async def test_a_resync_reaches_every_browser_then_each_closes_normally(hubs: Hu
     hub, creator, call = await _live_hub(hubs, upstreams)
     joiner = Outbox(64, 1 << 20)
     private = Private(hub, joiner)
-    private.relay(handshake())
-    private.relay(snapshot_end(10))
+    private.baseline()
     # A browser still on its own stream is not the hub's to end: its own stream relays the resync.
     bystander = Outbox(64, 1 << 20)
     by_private = Private(hub, bystander)
-    by_private.relay(handshake())
-    by_private.relay(snapshot_end(11))
+    by_private.baseline(11)
     by_private.relay(batch(99))
     call.items.put_nowait(batch(11))
     await settle()
@@ -382,8 +378,7 @@ async def test_an_upstream_error_reaches_every_browser_on_the_hub(hubs: Hubs) ->
     hub, creator, call = await _live_hub(hubs, upstreams)
     joiner = Outbox(64, 1 << 20)
     private = Private(hub, joiner)
-    private.relay(handshake())
-    private.relay(snapshot_end(10))
+    private.baseline()
     call.items.put_nowait(batch(11))
     await settle()
     assert private.relay(batch(11))

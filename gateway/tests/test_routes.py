@@ -246,6 +246,11 @@ async def test_bad_bodies_and_parameters_are_400(gateway: httpx.AsyncClient) -> 
             "updateMask",
         ),
         (await gateway.get("/v1/sessions", headers=ALICE, params={"pageSize": "ten"}), "pageSize"),
+        (
+            await gateway.get(f"/v1/sessions/{session_id}", headers=ALICE, params={"includeDeleted": "maybe"}),
+            "includeDeleted",
+        ),
+        (await gateway.delete(f"/v1/sessions/{session_id}", headers=ALICE, params={"force": "1"}), "force"),
     ]
     for response, field in cases:
         error = assert_error(response, 400, "INVALID_ARGUMENT")
