@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 BUF := .tools/node_modules/.bin/buf
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint protos protos-check buf-lint bench clean
+.PHONY: setup run test lint protos protos-check buf-lint clean
 
 setup: $(STAMP) $(BUF)
 

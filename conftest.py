@@ -73,16 +73,16 @@ async def postgres_url(postgres_admin_url: str | None) -> AsyncIterator[str]:
     """An empty database of its own for one test, as a SQLAlchemy asyncpg URL; dropped after."""
     admin_url = _require_postgres(postgres_admin_url)
     name = f"continuum_test_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
+    await _admin_execute(admin_url, f'CREATE DATABASE "{name}"')
     base, _, _ = admin_url.rpartition("/")
     yield f"{base.replace('postgresql://', 'postgresql+asyncpg://', 1)}/{name}"
+    await _admin_execute(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def _admin_execute(admin_url: str, statement: str) -> None:
     admin = await asyncpg.connect(admin_url)
     try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.execute(statement)
     finally:
         await admin.close()
 

@@ -18,14 +18,15 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import asyncpg
-import grpc
+from sqlalchemy import Select
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
@@ -84,23 +85,24 @@ async def throwaway_database(admin_url: str) -> AsyncIterator[BenchDatabase]:
     """
     admin_url = libpq_url(admin_url)
     name = f"bench_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
+    await _admin_execute(admin_url, f'CREATE DATABASE "{name}"')
     log(f"created database {name}")
     base, _, _ = admin_url.partition("?")[0].rpartition("/")
     raw_url = f"{base}/{name}"
     try:
         yield BenchDatabase(name, raw_url, raw_url.replace("postgresql://", "postgresql+asyncpg://", 1))
     finally:
-        admin = await asyncpg.connect(admin_url)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
+        await _admin_execute(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         log(f"dropped database {name}")
+
+
+async def _admin_execute(admin_url: str, statement: str) -> None:
+    """One statement (CREATE or DROP DATABASE) on a short-lived admin connection."""
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await admin.execute(statement)
+    finally:
+        await admin.close()
 
 
 @dataclass
@@ -108,17 +110,16 @@ class TranscriptClient:
     """A stub to the server process plus the metadata of the benchmark's acting user."""
 
     stub: api_grpc.TranscriptServiceStub
-    channel: grpc.aio.Channel
     metadata: tuple[tuple[str, str], ...]
     server_pid: int
     # host:port of the server process (for other processes that connect to it).
-    address: str = ""
+    address: str
 
-    async def create_session(self, session_id: str, title: str) -> str:
-        """Create a session through the API (so its row is exactly what the service writes)."""
+    async def create_session(self, session_id: str, title: str, user: str = BENCH_USER) -> str:
+        """Create a session of `user` through the API (so its row is exactly what the service writes)."""
         response: api.CreateSessionResponse = await self.stub.CreateSession(
             api.CreateSessionRequest(session_id=session_id, title=title, model="bench-model"),
-            metadata=self.metadata,
+            metadata=call_metadata(SERVICE_TOKEN, user),
         )
         return str(response.session.session_id)
 
@@ -129,7 +130,6 @@ class ServiceProcess:
 
     pid: int
     port: int
-    data_dir: str
 
 
 @asynccontextmanager
@@ -149,7 +149,7 @@ async def service_process(argv: Sequence[str], name: str, env: dict[str, str]) -
                 raise RuntimeError(f"the {name} server did not start")
             port = int(port_file.read_text())
             log(f"{name} server (pid {process.pid}) listening on 127.0.0.1:{port}")
-            yield ServiceProcess(process.pid, port, data_dir)
+            yield ServiceProcess(process.pid, port)
         finally:
             if process.returncode is None:
                 log(f"{name} server used {process_cpu_seconds(process.pid):.1f} s of CPU")
@@ -173,7 +173,6 @@ async def transcript_server(database: BenchDatabase) -> AsyncIterator[Transcript
         try:
             yield TranscriptClient(
                 api_grpc.TranscriptServiceStub(channel),
-                channel,
                 call_metadata(SERVICE_TOKEN, BENCH_USER),
                 process.pid,
                 f"127.0.0.1:{process.port}",
@@ -323,6 +322,105 @@ class ConversationGenerator:
                 pb.MESSAGE_ROLE_TOOL, synthetic_text(rng, size), [], f"call_{self._calls:08d}", {"exit_code": 0}
             )
         return SyntheticMessage(pb.MESSAGE_ROLE_ASSISTANT, synthetic_text(rng, size), [], "", {})
+
+
+# The long-session benchmarks (a 100k-message session against a 1k one): their sessions' messages are
+# bulk-loaded with COPY a turn at a time, interleaved with other sessions' so that the ids of a
+# session are not contiguous and the table is bigger than the sessions read (as in production).
+TURN = 4  # messages of one agent turn, written together
+NOISE_SESSIONS = 6
+NOISE_MESSAGES = 2_000
+
+
+async def noise_sessions(client: TranscriptClient) -> dict[str, int]:
+    """NOISE_SESSIONS other sessions (id -> messages to load) to interleave with the measured ones."""
+    sizes: dict[str, int] = {}
+    for number in range(NOISE_SESSIONS):
+        sizes[await client.create_session(f"bench-noise-{number}", "other traffic")] = NOISE_MESSAGES
+    return sizes
+
+
+def interleaved_rows(rng: random.Random, sizes: Mapping[str, int]) -> Iterator[tuple[Any, ...]]:
+    """MESSAGE_COLUMNS rows of every session (id -> messages), a turn at a time in shuffled order so
+    sessions interleave; generated lazily (~150 MB of text never sits in memory at once)."""
+    schedule = [session_id for session_id, count in sizes.items() for _ in range(count // TURN)]
+    rng.shuffle(schedule)
+    generators: dict[str, ConversationGenerator] = {}
+    start_ms = int(time.time() * 1000) - len(schedule) * TURN * 1000
+    for index, session_id in enumerate(schedule):
+        generator = generators.setdefault(session_id, ConversationGenerator(rng, 200, 2000))
+        for offset in range(TURN):
+            yield generator.next().columns(session_id, start_ms + (index * TURN + offset) * 1000)
+
+
+async def copy_messages(
+    database: BenchDatabase,
+    sizes: Mapping[str, int],
+    records: Iterator[tuple[Any, ...]],
+    columns: Sequence[str] = MESSAGE_COLUMNS,
+) -> None:
+    """Bulk-load the `records` of interleaved_rows(rng, sizes) with COPY, then ANALYZE so the planner
+    sees real sizes."""
+    total = sum(count // TURN * TURN for count in sizes.values())
+    log(f"loading {total:,} messages over {len(sizes)} sessions with COPY ...")
+    started = time.perf_counter()
+    connection = await asyncpg.connect(database.raw_url)
+    try:
+        await connection.copy_records_to_table("messages", schema_name=SCHEMA, columns=list(columns), records=records)
+        log(f"loaded {total:,} messages in {time.perf_counter() - started:.1f}s; ANALYZE ...")
+        await connection.execute(f"ANALYZE {SCHEMA}.messages")
+        size = await connection.fetchval(f"SELECT pg_size_pretty(pg_total_relation_size('{SCHEMA}.messages'))")
+        log(f"messages table with indexes and TOAST: {size}")
+    finally:
+        await connection.close()
+
+
+async def explain(database: BenchDatabase, query: Select[Any], heading: str) -> None:
+    """Log the plan of a statement the service runs, rendered exactly as its dialect renders it."""
+    # An engine that never connects, only for its dialect.
+    dialect = create_async_engine(database.service_url).dialect
+    sql = str(query.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
+    connection = await asyncpg.connect(database.raw_url, server_settings={"search_path": SCHEMA})
+    try:
+        plan = await connection.fetch(f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) {sql}")
+    finally:
+        await connection.close()
+    log(heading)
+    for line in plan:
+        log(f"    {line[0]}")
+
+
+async def sample_rotating(
+    calls: Mapping[str, Callable[[], Awaitable[float]]], samples: int, *, report_every: int = 100
+) -> dict[str, list[float]]:
+    """`samples` timed calls (ms) per label, rotating which goes first to cancel drift (with two
+    labels: alternating); logs every label's p50 each `report_every` rounds."""
+    labels = list(calls)
+    result: dict[str, list[float]] = {label: [] for label in labels}
+    for index in range(samples):
+        shift = index % len(labels)
+        for label in labels[shift:] + labels[:shift]:
+            result[label].append(await calls[label]())
+        if (index + 1) % report_every == 0:
+            figures = ", ".join(f"{label} {percentile(values, 0.5):.2f} ms" for label, values in result.items())
+            log(f"  {index + 1}/{samples}: p50 {figures}")
+    return result
+
+
+def big_vs_small(samples: Mapping[str, list[float]], big: str, small: str) -> dict[str, Any]:
+    """Log p50/p95 per label; the result fields of a big-vs-small latency comparison (ms)."""
+    for label, values in samples.items():
+        log(f"{label}: p50 {percentile(values, 0.5):.2f} ms, p95 {percentile(values, 0.95):.2f} ms")
+    big_ms, small_ms = samples[big], samples[small]
+    return {
+        "value": percentile(big_ms, 0.5),
+        "baseline": percentile(small_ms, 0.5),
+        f"p50_{big}_ms": round(percentile(big_ms, 0.5), 3),
+        f"p95_{big}_ms": round(percentile(big_ms, 0.95), 3),
+        f"p50_{small}_ms": round(percentile(small_ms, 0.5), 3),
+        f"p95_{small}_ms": round(percentile(small_ms, 0.95), 3),
+        "ratio_p95": round(percentile(big_ms, 0.95) / percentile(small_ms, 0.95), 3),
+    }
 
 
 def percentile(samples: Sequence[float], fraction: float) -> float:

@@ -30,6 +30,7 @@ session's `p50_1k_busy_ms`, `p95_1k_busy_ms` and `ratio_busy_vs_1k` (its p50 / t
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import math
@@ -58,6 +59,7 @@ from bench.bench_support import (
     log,
     parse_args,
     percentile,
+    sample_rotating,
     service_process,
     synthetic_text,
     throwaway_database,
@@ -118,7 +120,6 @@ class CompactionClient:
 
     stub: capi_grpc.CompactionServiceStub
     metadata: tuple[tuple[str, str], ...]
-    server_pid: int
 
 
 @asynccontextmanager
@@ -139,9 +140,7 @@ async def compaction_server(database: BenchDatabase, transcript_address: str) ->
     async with service_process(("continuum_compaction", "serve"), COMPACTION, env) as process:
         channel = open_channel(f"127.0.0.1:{process.port}")
         try:
-            yield CompactionClient(
-                capi_grpc.CompactionServiceStub(channel), call_metadata(SERVICE_TOKEN, BENCH_USER), process.pid
-            )
+            yield CompactionClient(capi_grpc.CompactionServiceStub(channel), call_metadata(SERVICE_TOKEN, BENCH_USER))
         finally:
             await channel.close()
 
@@ -333,6 +332,12 @@ async def stage(client: TranscriptClient, connection: asyncpg.Connection, case: 
     return int(later)
 
 
+def summary_of(case: Case, rng: random.Random) -> str:
+    """The staged summary of everything before the case's boundary."""
+    opening = f"The user and the assistant worked through {case.messages - TAIL:,} messages. "
+    return opening + synthetic_text(rng, SUMMARY_BYTES)
+
+
 def build_request(case: Case) -> capi.BuildContextRequest:
     """What an agent runtime sends before the first model request of a turn."""
     return capi.BuildContextRequest(
@@ -393,21 +398,16 @@ async def build_context(client: CompactionClient, case: Case, request: capi.Buil
 
 async def measure(client: CompactionClient, cases: list[Case], summaries: dict[str, str]) -> dict[str, list[float]]:
     """Warm up every session, then SAMPLES calls each, rotating which goes first to cancel drift."""
-    requests = {case.label: build_request(case) for case in cases}
+    calls = {
+        case.label: functools.partial(build_context, client, case, build_request(case), summaries[case.label])
+        for case in cases
+    }
     log(f"warming up ({WARMUP_CALLS} BuildContext calls per size) ...")
     for _ in range(WARMUP_CALLS):
-        for case in cases:
-            await build_context(client, case, requests[case.label], summaries[case.label])
-    samples: dict[str, list[float]] = {case.label: [] for case in cases}
+        for call in calls.values():
+            await call()
     log(f"measuring {SAMPLES} BuildContext calls per size, rotating the order ...")
-    for index in range(SAMPLES):
-        shift = index % len(cases)
-        for case in cases[shift:] + cases[:shift]:
-            samples[case.label].append(await build_context(client, case, requests[case.label], summaries[case.label]))
-        if (index + 1) % 50 == 0:
-            figures = ", ".join(f"{label} {percentile(values, 0.5):.2f} ms" for label, values in samples.items())
-            log(f"  {index + 1}/{SAMPLES}: p50 {figures}")
-    return samples
+    return await sample_rotating(calls, SAMPLES, report_every=50)
 
 
 async def naive_full_load(client: TranscriptClient, case: Case) -> float:
@@ -465,14 +465,8 @@ async def run(admin_url: str, seed: int) -> dict[str, Any]:
             for label, count in SIZES.items()
         ]
         await load(transcript, rng, cases, [busy], busy_rng)
-        summaries = {
-            case.label: f"The user and the assistant worked through {case.messages - TAIL:,} messages. "
-            + synthetic_text(rng, SUMMARY_BYTES)
-            for case in cases
-        }
-        summaries[BUSY] = f"The user and the assistant worked through {busy.messages - TAIL:,} messages. " + (
-            synthetic_text(busy_rng, SUMMARY_BYTES)
-        )
+        summaries = {case.label: summary_of(case, rng) for case in cases}
+        summaries[BUSY] = summary_of(busy, busy_rng)
         connection = await asyncpg.connect(database.raw_url)
         try:
             await connection.execute(f"ANALYZE {SCHEMA}.messages")

@@ -56,7 +56,7 @@ import random
 import resource
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from multiprocessing.context import SpawnProcess
 from multiprocessing.queues import Queue as ProcessQueue
@@ -228,6 +228,22 @@ class Follower:
     captured: list[bytes] | None = None
     # Ended before receiving everything (an error, a resync).
     gone: bool = False
+
+    def batch(self, message_ids: Iterable[int]) -> None:
+        """Count a batch's messages; their ids must keep increasing across batches."""
+        for message_id in message_ids:
+            if message_id <= self.last_message_id:
+                self.errors.append(f"message id {message_id} out of order")
+            self.last_message_id = message_id
+            self.messages += 1
+
+    def counted(self, bulk: int, expected: int) -> bool:
+        """Count one suffix frame (stamping the end of the saturated part at frame `bulk`); True once
+        all `expected` frames arrived."""
+        self.frames += 1
+        if self.frames == bulk:
+            self.bulk_ns = time.perf_counter_ns()
+        return self.frames == expected
 
 
 @dataclass
@@ -412,11 +428,7 @@ async def _grpc_follower(
                     _latency(follower, frame.chunk.text)
                 follower.chunks += 1
             elif kind == "batch":
-                for message in frame.batch.messages:
-                    if message.message_id <= follower.last_message_id:
-                        follower.errors.append(f"message id {message.message_id} out of order")
-                    follower.last_message_id = message.message_id
-                follower.messages += len(frame.batch.messages)
+                follower.batch(message.message_id for message in frame.batch.messages)
             elif kind == "settlement":
                 follower.settlements += 1
             elif kind == "heartbeat":
@@ -426,10 +438,7 @@ async def _grpc_follower(
                 return
             if follower.captured is not None and follower.frames < bulk:
                 follower.captured.append(frame.SerializeToString())
-            follower.frames += 1
-            if follower.frames == bulk:
-                follower.bulk_ns = time.perf_counter_ns()
-            if follower.frames == expected:
+            if follower.counted(bulk, expected):
                 return
         follower.errors.append("the stream ended early")
     except grpc.aio.AioRpcError as error:
@@ -483,13 +492,7 @@ async def _ws_follower(
                     _latency(follower, frame["chunk"]["text"])
                     follower.chunks += 1
                 elif kind == "batch":
-                    messages = frame["batch"]["messages"]
-                    for item in messages:
-                        message_id = int(item["messageId"])
-                        if message_id <= follower.last_message_id:
-                            follower.errors.append(f"message id {message_id} out of order")
-                        follower.last_message_id = message_id
-                    follower.messages += len(messages)
+                    follower.batch(int(item["messageId"]) for item in frame["batch"]["messages"])
                 elif kind == "settlement":
                     follower.settlements += 1
                 elif kind == "heartbeat":
@@ -497,10 +500,7 @@ async def _ws_follower(
                 elif kind in ("resync", "error"):
                     follower.errors.append(f"{kind} {frame[kind]}")
                     return
-                follower.frames += 1
-                if follower.frames == bulk:
-                    follower.bulk_ns = time.perf_counter_ns()
-                if follower.frames == expected:
+                if follower.counted(bulk, expected):
                     return
             follower.errors.append("the socket closed early")
     except Exception as error:  # a refused or dropped socket is a result to report, not a crash
@@ -555,7 +555,6 @@ class Phase:
     seconds: float = 0.0
     results: list[ProcessResult] = field(default_factory=list)
     mismatches: list[str] = field(default_factory=list)
-    missing_processes: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -667,7 +666,6 @@ async def collect(clients: Clients, phase: Phase, start_ns: int, within: float) 
         elif kind == "error":
             phase.mismatches.append(f"client process {slot} failed: {payload}")
             pending.discard(slot)
-    phase.missing_processes = len(pending)
     if pending:
         phase.mismatches.append(f"no result from client processes {sorted(pending)}")
     bulk_ns = max((result.bulk_ns for result in phase.results), default=start_ns)
@@ -827,12 +825,8 @@ async def system_phase(admin_url: str, plan: Plan, args: argparse.Namespace, rng
     filler, extras = chunk_filler(rng, plan), extra_messages(rng, plan)
     async with throwaway_database(admin_url) as database, transcript_server(database) as client:
         # The session belongs to the gateway's development user, so both transports may follow it.
+        session_id = await client.create_session("bench-fanout", "fan-out", user=GATEWAY_DEV_USER)
         metadata = call_metadata(SERVICE_TOKEN, GATEWAY_DEV_USER)
-        created: api.CreateSessionResponse = await client.stub.CreateSession(
-            api.CreateSessionRequest(session_id="bench-fanout", title="fan-out", model="bench-model"),
-            metadata=metadata,
-        )
-        session_id = created.session.session_id
         async with gateway_server(client.address) as gateway:
             url = f"ws://{gateway.host}:{gateway.port}/v1/sessions/{session_id}/follow"
             kinds = [
