@@ -11,7 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from pydantic import SecretStr
+import transcript_testing
+from transcript_testing import SERVICE_TOKEN, transcript_settings
+from transcript_testing import tool as tool  # re-exported for the client tests
+from transcript_testing import user as user
 
 from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as pb
@@ -24,7 +27,7 @@ from continuum_runtime.server import GrpcService
 from continuum_transcript.server import start
 from continuum_transcript.settings import TranscriptSettings
 
-TOKEN = "t"
+TOKEN = SERVICE_TOKEN
 USER = "alice"
 FAST = Backoff(initial_seconds=0.02, max_seconds=0.2)
 
@@ -36,15 +39,7 @@ def sqlite_url(tmp_path: Path) -> str:
 
 def settings(tmp_path: Path, database_url: str, **overrides: object) -> TranscriptSettings:
     """A test server: port 0 unless given, quick heartbeats."""
-    values: dict[str, object] = {
-        "data_dir": tmp_path / "data",
-        "database_url": database_url,
-        "port": 0,
-        "service_token": SecretStr(TOKEN),
-        "follow_heartbeat_seconds": 0.2,
-    }
-    values.update(overrides)
-    return TranscriptSettings(**values)  # type: ignore[arg-type]
+    return transcript_settings(tmp_path, database_url, **{"follow_heartbeat_seconds": 0.2, **overrides})
 
 
 @dataclass
@@ -183,20 +178,9 @@ def same_as_server(store: RecordStore, server: list[pb.Message]) -> bool:
     return bool(mine) and mine == server[-len(mine) :]
 
 
-def user(value: str) -> pb.NewMessage:
-    """A USER message."""
-    return pb.NewMessage(role=pb.MESSAGE_ROLE_USER, content=[pb.ContentPart(text=value)])
-
-
 def assistant(value: str, *tool_call_ids: str) -> pb.NewMessage:
-    """An ASSISTANT message, optionally calling tools."""
-    calls = [pb.ToolCall(tool_call_id=c, name="shell", arguments='{"cmd": "ls"}') for c in tool_call_ids]
-    return pb.NewMessage(role=pb.MESSAGE_ROLE_ASSISTANT, content=[pb.ContentPart(text=value)], tool_calls=calls)
-
-
-def tool(call_id: str, value: str) -> pb.NewMessage:
-    """A TOOL result."""
-    return pb.NewMessage(role=pb.MESSAGE_ROLE_TOOL, tool_call_id=call_id, content=[pb.ContentPart(text=value)])
+    """An ASSISTANT message, optionally calling tools (with arguments the renderer shows)."""
+    return transcript_testing.assistant(value, *tool_call_ids, arguments='{"cmd": "ls"}')
 
 
 def op_state(state: fpb.RunState.ValueType, run_id: str = "") -> api.BatchOperation:

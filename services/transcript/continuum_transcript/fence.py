@@ -34,11 +34,11 @@ async def set_fence(
     first makes this refuse with COMPACTION_FENCE_MOVED. Either way the caller discards its summary.
     An edit waiting behind this UPDATE's row lock finds the new fence and is refused.
     """
-    await sessions.load(connection, owner, session_id)
     result = await connection.execute(
         update(sessions_table)
         .where(
             sessions_table.c.session_id == session_id,
+            sessions_table.c.owner == owner,
             sessions_table.c.history_generation == expected_generation,
             sessions_table.c.compaction_fence_message_id == expected_fence,
             sessions_table.c.deleted.is_(False),
@@ -48,7 +48,8 @@ async def set_fence(
     )
     row = result.mappings().first()
     if row is None:
-        # Deleted meanwhile → NOT_FOUND; otherwise the generation or the fence moved.
+        # Another owner's → PERMISSION_DENIED, absent or deleted → NOT_FOUND; otherwise the
+        # generation or the fence moved.
         current = await sessions.load(connection, owner, session_id)
         details = {
             "session_id": session_id,

@@ -18,18 +18,14 @@ from continuum_transcript.errors import (
     MessageNotFound,
 )
 from continuum_transcript.tables import attachments, messages
+from continuum_transcript.validation import attachment_ids
 
 
 async def attachment_media_types(connection: AsyncConnection, session_id: str, referenced: list[str]) -> dict[str, str]:
     """Media types of the attachments new content refers to; each must belong to this session."""
     if not referenced:
         return {}
-    found = await connection.execute(
-        select(attachments.c.attachment_id, attachments.c.media_type).where(
-            attachments.c.attachment_id.in_(referenced), attachments.c.session_id == session_id
-        )
-    )
-    known = {attachment_id: media_type for attachment_id, media_type in found}
+    known = await _media_types(connection, referenced, attachments.c.session_id == session_id)
     missing = sorted(set(referenced) - set(known))
     if missing:
         raise AttachmentNotFound(
@@ -41,19 +37,28 @@ async def attachment_media_types(connection: AsyncConnection, session_id: str, r
 
 async def with_media_types(connection: AsyncConnection, rows: Sequence[Mapping[Any, Any]]) -> list[pb.Message]:
     """Stored rows as Message resources, with the media types of the attachments they refer to."""
-    wanted = sorted({p["attachment"]["attachment_id"] for r in rows for p in r["content"] if "attachment" in p})
-    known: dict[str, str] = {}
-    if wanted:
-        found = await connection.execute(
-            select(attachments.c.attachment_id, attachments.c.media_type).where(attachments.c.attachment_id.in_(wanted))
-        )
-        known = {attachment_id: media_type for attachment_id, media_type in found}
+    wanted = sorted({attachment_id for row in rows for attachment_id in attachment_ids(row["content"])})
+    known = await _media_types(connection, wanted) if wanted else {}
     return [convert.message(row, known) for row in rows]
+
+
+async def _media_types(connection: AsyncConnection, ids: list[str], *conditions: ColumnElement[bool]) -> dict[str, str]:
+    found = await connection.execute(
+        select(attachments.c.attachment_id, attachments.c.media_type).where(
+            attachments.c.attachment_id.in_(ids), *conditions
+        )
+    )
+    return {attachment_id: media_type for attachment_id, media_type in found}
 
 
 async def get(connection: AsyncConnection, owner: str, session_id: str, message_id: int) -> RowMapping:
     """One message of the session, deleted or not; NOT_FOUND if it is in another session."""
     await sessions.load(connection, owner, session_id, include_deleted=True)
+    return await _find(connection, session_id, message_id)
+
+
+async def _find(connection: AsyncConnection, session_id: str, message_id: int) -> RowMapping:
+    """`get` for a caller that already loaded (and so checked) the session."""
     row = (
         (
             await connection.execute(
@@ -154,7 +159,7 @@ async def edit_user_message(
         await _explain_refused_edit(connection, owner, session_id, message_id, expected_generation)
         # Nothing explains it any more: the fence moved back down meanwhile. Rare; the caller retries.
         raise HistoryGenerationMismatch("the session changed while editing; retry", metadata={"session_id": session_id})
-    target = await get(connection, owner, session_id, message_id)
+    target = await _find(connection, session_id, message_id)
     _check_editable(target, session_id)
     await connection.execute(update(messages).where(messages.c.message_id == message_id).values(content=content))
     removed = await connection.execute(
@@ -189,7 +194,7 @@ async def _explain_refused_edit(
     """Raise the reason the generation bump did not match, read after it (fresh on PostgreSQL,
     under the writer lock on SQLite). Returns only when nothing explains it any more."""
     current = await sessions.load(connection, owner, session_id)
-    _check_editable(await get(connection, owner, session_id, message_id), session_id)
+    _check_editable(await _find(connection, session_id, message_id), session_id)
     fence = int(current["compaction_fence_message_id"])
     if message_id <= fence:
         raise MessageAlreadyCompacted(

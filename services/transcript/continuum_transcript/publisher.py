@@ -220,8 +220,10 @@ class SessionPublisher:
         settles: fpb.AttemptRef | None = None,
         extra_metadata: dict[str, Any] | None = None,
         media_types: dict[str, str] | None = None,
+        create_ms: int | None = None,
     ) -> tuple[int, list[int]]:
-        """Accept one business batch; returns its sequence and its messages' ids."""
+        """Accept one business batch (its messages created at `create_ms`, default now); returns
+        its sequence and its messages' ids."""
         async with self._accept:
             self._check_open()
             await self._ensure_ids(len(rows))
@@ -237,6 +239,7 @@ class SessionPublisher:
                 settles=settles,
                 extra_metadata=extra_metadata or {},
                 media_types=media_types,
+                create_ms=create_ms,
             )
 
     def _accept_now(
@@ -251,10 +254,11 @@ class SessionPublisher:
         settles: fpb.AttemptRef | None,
         extra_metadata: dict[str, Any],
         media_types: dict[str, str] | None = None,
+        create_ms: int | None = None,
     ) -> tuple[int, list[int]]:
         # Synchronous from here on: sequence, ids, state and fan-out change together.
         seq = self.commit_seq + 1
-        created = now_ms()
+        created = now_ms() if create_ms is None else create_ms
         stored: list[dict[str, Any]] = [
             {
                 "message_id": self._ids.popleft(),
@@ -352,8 +356,7 @@ class SessionPublisher:
             await self._ensure_ids(1)
             # Read what was shown in the same synchronous step that ends the attempt, so no
             # chunk can slip in between.
-            shown = "".join(self._open(ref).chunks)
-            self._take_attempt(ref)
+            shown = "".join(self._take_attempt(ref).chunks)
             row = MessageRow(
                 role=pb.MESSAGE_ROLE_ASSISTANT,
                 content=[{"text": shown}] if shown else [],
@@ -412,9 +415,10 @@ class SessionPublisher:
             raise AttemptConflict("no such open attempt", metadata={"message_key": ref.message_key})
         return attempt
 
-    def _take_attempt(self, ref: fpb.AttemptRef) -> None:
-        self._open(ref)
+    def _take_attempt(self, ref: fpb.AttemptRef) -> Attempt:
+        attempt = self._open(ref)
         del self.attempts[ref.message_key]
+        return attempt
 
     def _settle(self, ref: fpb.AttemptRef, seq: int, message_id: int, outcome: int) -> None:
         settlement = fpb.SettlementFrame(attempt=ref, seq=seq, message_id=message_id, outcome=outcome)  # type: ignore[arg-type]

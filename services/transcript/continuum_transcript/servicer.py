@@ -158,8 +158,9 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
         batch = validation.append_batch(request.messages, self._settings)
         publisher = await self._registry.get(owner, session_id)
         known = await attachment_media_types(self._db, session_id, batch)
+        # The response's create_time is every stored message's create_time.
         created = now_ms()
-        seq, ids = await publisher.publish(batch, media_types=known)
+        seq, ids = await publisher.publish(batch, media_types=known, create_ms=created)
         await publisher.wait_durable(seq)
         return api.AppendMessagesResponse(message_ids=ids, create_time=convert.timestamp(created))
 
@@ -234,19 +235,22 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
         expected = validation.non_negative(request.expected_history_generation, "expected_history_generation")
         publisher = await self._registry.get(owner, session_id)
 
-        async def change(connection: AsyncConnection) -> tuple[Any, int, int, int]:
+        async def change(connection: AsyncConnection) -> tuple[Any, int, int, int, dict[str, str]]:
             edited = await messages.edit_user_message(
                 connection, owner, session_id, message_id, content, expected or None
             )
+            # The new content may refer only to this session's attachments, as an append's may.
+            known = await messages.attachment_media_types(connection, session_id, validation.attachment_ids(content))
             await turns.invalidate(connection, session_id)
-            return edited
+            return (*edited, known)
 
-        (row, generation, removed, event_id), _ = await publisher.rewrite(change)
-        async with self._db.connection() as connection:
-            (edited,) = await messages.with_media_types(connection, [row])
+        (row, generation, removed, event_id, known), _ = await publisher.rewrite(change)
         self._bell.ring()
         return api.EditUserMessageResponse(
-            message=edited, history_generation=generation, deleted_message_count=removed, event_id=event_id
+            message=convert.message(row, known),
+            history_generation=generation,
+            deleted_message_count=removed,
+            event_id=event_id,
         )
 
     async def SetCompactionFence(

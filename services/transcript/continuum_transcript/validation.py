@@ -120,7 +120,12 @@ class MessageRow:
 
     def attachment_ids(self) -> list[str]:
         """Attachments the content refers to."""
-        return [part["attachment"]["attachment_id"] for part in self.content if "attachment" in part]
+        return attachment_ids(self.content)
+
+
+def attachment_ids(content: list[dict[str, Any]]) -> list[str]:
+    """The attachments stored content parts refer to, in order."""
+    return [part["attachment"]["attachment_id"] for part in content if "attachment" in part]
 
 
 def content_parts(parts: Any, field: str) -> list[dict[str, Any]]:

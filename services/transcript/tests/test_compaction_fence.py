@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import pytest
 from sqlalchemy import text
-from transcript_testing import Follower, TranscriptClient, assistant, refused, user
+from transcript_testing import Follower, TranscriptClient, append, assistant, create_session, refused, user
 
 from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as pb
@@ -24,18 +24,6 @@ from continuum_runtime.database import Database
 from continuum_runtime.errors import error_details
 
 ALICE = "alice"
-
-
-async def _session(client: TranscriptClient, session_id: str = "s") -> str:
-    await client.stub.CreateSession(api.CreateSessionRequest(session_id=session_id), metadata=client.as_user(ALICE))
-    return session_id
-
-
-async def _append(client: TranscriptClient, session_id: str, *messages: pb.NewMessage) -> list[int]:
-    response = await client.stub.AppendMessages(
-        api.AppendMessagesRequest(session_id=session_id, messages=list(messages)), metadata=client.as_user(ALICE)
-    )
-    return list(response.message_ids)
 
 
 async def _live(client: TranscriptClient, session_id: str) -> list[tuple[int, str]]:
@@ -84,8 +72,8 @@ def _edit(
 
 
 async def test_edits_at_or_below_the_fence_are_refused_and_change_nothing(transcript: TranscriptClient) -> None:
-    sid = await _session(transcript)
-    ids = await _append(transcript, sid, user("u1"), assistant("a1"), user("u2"), assistant("a2"), user("u3"))
+    sid = await create_session(transcript)
+    ids = await append(transcript, sid, user("u1"), assistant("a1"), user("u2"), assistant("a2"), user("u3"))
     fenced = await _fence(transcript.stub, transcript, sid, ids[2], 1)
     assert (fenced.session_id, fenced.message_id, fenced.history_generation) == (sid, ids[2], 1)
     assert await _session_state(transcript, sid) == (1, ids[2])
@@ -123,7 +111,7 @@ async def test_edits_at_or_below_the_fence_are_refused_and_change_nothing(transc
     assert await _session_state(transcript, sid) == (1, ids[2])
     assert await _event_count(transcript) == 0
     # The refused edits did not rewrite the live transcript: the follower is still attached.
-    (extra,) = await _append(transcript, sid, assistant("a3"))
+    (extra,) = await append(transcript, sid, assistant("a3"))
     frames = await follower.until("batch")
     assert [m.message_id for m in frames[-1].batch.messages] == [extra]
 
@@ -136,8 +124,8 @@ async def test_edits_at_or_below_the_fence_are_refused_and_change_nothing(transc
 
 
 async def test_a_fence_at_a_stale_generation_is_history_rewritten(transcript: TranscriptClient) -> None:
-    sid = await _session(transcript)
-    ids = await _append(transcript, sid, user("u1"), assistant("a1"), user("u2"), assistant("a2"))
+    sid = await create_session(transcript)
+    ids = await append(transcript, sid, user("u1"), assistant("a1"), user("u2"), assistant("a2"))
     await _edit(transcript.stub, transcript, sid, ids[2], "u2, reworded")
     details = await refused(
         _fence(transcript.stub, transcript, sid, ids[0], 1), grpc.StatusCode.ABORTED, "HISTORY_REWRITTEN"
@@ -167,10 +155,10 @@ async def test_a_fence_at_a_stale_generation_is_history_rewritten(transcript: Tr
 
 
 async def test_the_fence_must_be_a_live_message_of_the_session(transcript: TranscriptClient) -> None:
-    sid = await _session(transcript)
-    other = await _session(transcript, "other")
-    ids = await _append(transcript, sid, user("u1"), assistant("a1"), user("u2"), assistant("a2"))
-    (foreign,) = await _append(transcript, other, user("elsewhere"))
+    sid = await create_session(transcript)
+    other = await create_session(transcript, "other")
+    ids = await append(transcript, sid, user("u1"), assistant("a1"), user("u2"), assistant("a2"))
+    (foreign,) = await append(transcript, other, user("elsewhere"))
     await _fence(transcript.stub, transcript, sid, ids[0], 1)
     await _edit(transcript.stub, transcript, sid, ids[2], "u2, reworded")  # deletes ids[3]
     for message_id in (foreign, ids[3], 999_999_999):
@@ -183,8 +171,8 @@ async def test_the_fence_must_be_a_live_message_of_the_session(transcript: Trans
 
 
 async def test_only_the_owner_may_set_the_fence_of_a_live_session(transcript: TranscriptClient) -> None:
-    sid = await _session(transcript)
-    (message_id,) = await _append(transcript, sid, user("private"))
+    sid = await create_session(transcript)
+    (message_id,) = await append(transcript, sid, user("private"))
     await refused(
         _fence(transcript.stub, transcript, sid, message_id, 1, who="bob"),
         grpc.StatusCode.PERMISSION_DENIED,
@@ -199,8 +187,8 @@ async def test_only_the_owner_may_set_the_fence_of_a_live_session(transcript: Tr
 
 
 async def test_bad_fence_requests_are_invalid_arguments_and_change_nothing(transcript: TranscriptClient) -> None:
-    sid = await _session(transcript)
-    (message_id,) = await _append(transcript, sid, user("u1"))
+    sid = await create_session(transcript)
+    (message_id,) = await append(transcript, sid, user("u1"))
     cases = {
         "session_id": ("", message_id, 1),
         "message_id": (sid, -1, 1),
@@ -251,11 +239,11 @@ async def _jittered(call: Callable[[], Awaitable[Any]]) -> Any:
 
 @pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 async def test_postgres_edit_and_fence_races_have_exactly_one_winner(transcript: TranscriptClient) -> None:
-    sid = await _session(transcript)
+    sid = await create_session(transcript)
     wins = {"edit": 0, "fence": 0}
     async with _second_client(transcript) as compaction:
         for round_number in range(40):
-            ids = await _append(transcript, sid, user(f"q{round_number}"), assistant("a"), user("next"), assistant("b"))
+            ids = await append(transcript, sid, user(f"q{round_number}"), assistant("a"), user("next"), assistant("b"))
             generation, fence_before = await _session_state(transcript, sid)
             edited_id = ids[0]
             # The boundary is the edited message or a later one that the edit would delete.
@@ -329,8 +317,8 @@ async def _queued_behind_a_row_lock(
 async def test_postgres_fence_committed_first_refuses_the_waiting_edit(
     transcript: TranscriptClient, database_url: str
 ) -> None:
-    sid = await _session(transcript)
-    ids = await _append(transcript, sid, user("u1"), assistant("a1"), user("u2"))
+    sid = await create_session(transcript)
+    ids = await append(transcript, sid, user("u1"), assistant("a1"), user("u2"))
     async with _second_client(transcript) as compaction:
         fence, edit = await _queued_behind_a_row_lock(
             database_url,
@@ -350,8 +338,8 @@ async def test_postgres_fence_committed_first_refuses_the_waiting_edit(
 async def test_postgres_edit_committed_first_makes_the_waiting_fence_history_rewritten(
     transcript: TranscriptClient, database_url: str
 ) -> None:
-    sid = await _session(transcript)
-    ids = await _append(transcript, sid, user("u1"), assistant("a1"), user("u2"))
+    sid = await create_session(transcript)
+    ids = await append(transcript, sid, user("u1"), assistant("a1"), user("u2"))
     async with _second_client(transcript) as compaction:
         edit, fence = await _queued_behind_a_row_lock(
             database_url,

@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import grpc
-from transcript_testing import SERVICE_TOKEN, serve_in_subprocess, user
+from transcript_testing import SERVICE_TOKEN, all_messages, serve_in_subprocess, user
 
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
@@ -61,17 +61,8 @@ async def test_kill_9_mid_append_loses_no_acknowledged_batch_and_splits_none(tmp
     channel = open_channel(f"127.0.0.1:{port}")
     stub = api_grpc.TranscriptServiceStub(channel)
     try:
-        counts: Counter[str] = Counter()
-        token = ""
-        while True:
-            page = await stub.ListMessagesAfter(
-                api.ListMessagesAfterRequest(session_id="s", page_token=token),
-                metadata=call_metadata(SERVICE_TOKEN, "alice"),
-            )
-            counts.update(m.metadata["batch"] for m in page.messages)
-            token = page.next_page_token
-            if not token:
-                break
+        stored = await all_messages(stub, call_metadata(SERVICE_TOKEN, "alice"), "s")
+        counts = Counter(m.metadata["batch"] for m in stored)
     finally:
         await channel.close()
         process.send_signal(signal.SIGTERM)

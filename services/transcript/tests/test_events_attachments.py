@@ -110,6 +110,13 @@ async def test_attachment_round_trip_and_reference(transcript: TranscriptClient)
         api.GetMessageRequest(session_id="s", message_id=stored.message_ids[0]), metadata=transcript.as_user("alice")
     )
     assert read.message.content[1].attachment.media_type == "image/png"
+    edited = await transcript.stub.EditUserMessage(
+        api.EditUserMessageRequest(
+            session_id="s", message_id=stored.message_ids[0], content=[pb.ContentPart(text="again"), reference]
+        ),
+        metadata=transcript.as_user("alice"),
+    )
+    assert edited.message.content[1].attachment.media_type == "image/png"
     await refused(
         transcript.stub.GetAttachment(
             api.GetAttachmentRequest(attachment_id=attachment.attachment_id), metadata=transcript.as_user("bob")

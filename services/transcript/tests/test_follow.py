@@ -10,7 +10,9 @@ import pytest
 from transcript_testing import (
     Follower,
     TranscriptClient,
+    append,
     assistant,
+    create_session,
     kinds,
     refused,
     running_transcript,
@@ -22,18 +24,6 @@ from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 
 ALICE = "alice"
-
-
-async def _session(client: TranscriptClient, session_id: str = "s") -> str:
-    await client.stub.CreateSession(api.CreateSessionRequest(session_id=session_id), metadata=client.as_user(ALICE))
-    return session_id
-
-
-async def _append(client: TranscriptClient, session_id: str, *messages: pb.NewMessage) -> list[int]:
-    response = await client.stub.AppendMessages(
-        api.AppendMessagesRequest(session_id=session_id, messages=list(messages)), metadata=client.as_user(ALICE)
-    )
-    return list(response.message_ids)
 
 
 def _ref(key: str = "m1", attempt: int = 1) -> fpb.AttemptRef:
@@ -61,8 +51,8 @@ async def _publish(client: TranscriptClient, sid: str, *ops: api.BatchOperation,
 
 
 async def test_baseline_snapshot_then_chained_suffix(transcript: TranscriptClient) -> None:
-    sid = await _session(transcript)
-    ids = await _append(transcript, sid, *[user(f"m{i}") for i in range(40)])
+    sid = await create_session(transcript)
+    ids = await append(transcript, sid, *[user(f"m{i}") for i in range(40)])
     follower = Follower(transcript, sid)
     snapshot = await follower.until("snapshot_end")
     assert kinds(snapshot) == [
@@ -80,7 +70,7 @@ async def test_baseline_snapshot_then_chained_suffix(transcript: TranscriptClien
     generation = snapshot[0].generation
     assert all(frame.generation == generation for frame in snapshot)
 
-    await _append(transcript, sid, user("after"))
+    await append(transcript, sid, user("after"))
     await _publish(transcript, sid)  # invisible: still advances the sequence
     await _publish(transcript, sid, api.BatchOperation(runtime_state=fpb.RuntimeState(state=fpb.RUN_STATE_RUNNING)))
     suffix = [await follower.next() for _ in range(3)]
@@ -100,8 +90,8 @@ async def test_baseline_snapshot_then_chained_suffix(transcript: TranscriptClien
 async def test_sampling_commit_precedes_settlement_and_snapshot_carries_prefixes(
     transcript: TranscriptClient,
 ) -> None:
-    sid = await _session(transcript)
-    await _append(transcript, sid, user("explain"))
+    sid = await create_session(transcript)
+    await append(transcript, sid, user("explain"))
     ref = _ref()
     await _open(transcript, sid, ref)
     assert await _chunks(transcript, sid, ref, 0, "Par", "tial") == 2
@@ -129,7 +119,7 @@ async def test_sampling_commit_precedes_settlement_and_snapshot_carries_prefixes
 
 
 async def test_cancel_stores_exactly_the_displayed_output_and_retry_replaces(transcript: TranscriptClient) -> None:
-    sid = await _session(transcript)
+    sid = await create_session(transcript)
     follower = Follower(transcript, sid)
     await follower.until("snapshot_end")
     first = _ref(attempt=1)
@@ -170,7 +160,7 @@ async def test_cancel_stores_exactly_the_displayed_output_and_retry_replaces(tra
 
 
 async def test_a_disconnect_is_never_a_cancel(transcript: TranscriptClient) -> None:
-    sid = await _session(transcript)
+    sid = await create_session(transcript)
     ref = _ref()
     await _open(transcript, sid, ref)
     follower = Follower(transcript, sid)
@@ -186,13 +176,13 @@ async def test_a_disconnect_is_never_a_cancel(transcript: TranscriptClient) -> N
 
 
 async def test_resume_inside_the_window_gets_only_the_suffix(transcript: TranscriptClient) -> None:
-    sid = await _session(transcript)
-    await _append(transcript, sid, user("one"))
+    sid = await create_session(transcript)
+    await append(transcript, sid, user("one"))
     follower = Follower(transcript, sid)
     snapshot = await follower.until("snapshot_end")
     generation, seq = snapshot[0].generation, snapshot[-1].snapshot_end.seq
     follower.close()
-    await _append(transcript, sid, user("two"))
+    await append(transcript, sid, user("two"))
     ref = _ref()
     await _open(transcript, sid, ref)
     await _chunks(transcript, sid, ref, 0, "typing")
@@ -213,12 +203,12 @@ async def test_resume_inside_the_window_gets_only_the_suffix(transcript: Transcr
 
 async def test_cursor_older_than_the_replay_window_gets_a_baseline(tmp_path: Path, database_url: str) -> None:
     async with running_transcript(tmp_path, database_url, follow_replay_frames=16) as client:
-        sid = await _session(client)
+        sid = await create_session(client)
         follower = Follower(client, sid)
         snapshot = await follower.until("snapshot_end")
         follower.close()
         for index in range(20):
-            await _append(client, sid, user(f"m{index}"))
+            await append(client, sid, user(f"m{index}"))
         old = Follower(client, sid, resume=(snapshot[0].generation, snapshot[-1].snapshot_end.seq))
         assert (await old.next()).handshake.mode == fpb.FOLLOW_MODE_BASELINE
         old.close()
@@ -226,7 +216,7 @@ async def test_cursor_older_than_the_replay_window_gets_a_baseline(tmp_path: Pat
 
 async def test_a_follower_behind_its_queue_bound_gets_overflow(tmp_path: Path, database_url: str) -> None:
     async with running_transcript(tmp_path, database_url, follow_queue_bound=16) as client:
-        sid = await _session(client)
+        sid = await create_session(client)
         slow = Follower(client, sid)
         await slow.until("snapshot_end")
         # A steady follower keeps up with the same traffic: judged by throughput, not silence.
@@ -250,12 +240,12 @@ async def test_a_follower_behind_its_queue_bound_gets_overflow(tmp_path: Path, d
 
 
 async def test_rewrite_ends_followers_and_pins_go_stale(transcript: TranscriptClient) -> None:
-    sid = await _session(transcript)
-    ids = await _append(transcript, sid, user("q1"), assistant("a1"), user("q2"))
+    sid = await create_session(transcript)
+    ids = await append(transcript, sid, user("q1"), assistant("a1"), user("q2"))
     follower = Follower(transcript, sid)
     snapshot = await follower.until("snapshot_end")
     generation, cut = snapshot[0].generation, snapshot[-1].snapshot_end.seq
-    await _append(transcript, sid, assistant("a2"))
+    await append(transcript, sid, assistant("a2"))
     pinned = await transcript.stub.ListMessagePage(
         api.ListMessagePageRequest(session_id=sid, generation=generation, snapshot_seq=cut),
         metadata=transcript.as_user(ALICE),
@@ -282,8 +272,8 @@ async def test_restarted_publisher_is_a_new_generation_with_everything_durable(
     tmp_path: Path, database_url: str
 ) -> None:
     async with running_transcript(tmp_path, database_url) as client:
-        sid = await _session(client)
-        ids = await _append(client, sid, user("before restart"))
+        sid = await create_session(client)
+        ids = await append(client, sid, user("before restart"))
         follower = Follower(client, sid)
         generation = (await follower.until("snapshot_end"))[0].generation
         follower.close()
@@ -293,13 +283,13 @@ async def test_restarted_publisher_is_a_new_generation_with_everything_durable(
         assert frames[0].handshake.mode == fpb.FOLLOW_MODE_BASELINE and frames[0].generation > generation
         records = next(f.snapshot_records for f in frames if f.HasField("snapshot_records"))
         assert [m.message_id for m in records.messages] == ids
-        more = await _append(client, sid, user("after restart"))
+        more = await append(client, sid, user("after restart"))
         assert more[0] > ids[0]
         follower.close()
 
 
 async def test_old_peers_and_bad_live_input_are_refused(transcript: TranscriptClient) -> None:
-    sid = await _session(transcript)
+    sid = await create_session(transcript)
     alice = transcript.as_user(ALICE)
     old_peer = transcript.stub.Follow(api.FollowRequest(session_id=sid, capabilities=["transcript-v1"]), metadata=alice)
     await refused(old_peer.read(), grpc.StatusCode.FAILED_PRECONDITION, "UPGRADE_REQUIRED")
@@ -355,7 +345,7 @@ async def test_old_peers_and_bad_live_input_are_refused(transcript: TranscriptCl
 
 async def test_prompts_and_runtime_state_survive_a_restart(tmp_path: Path, database_url: str) -> None:
     async with running_transcript(tmp_path, database_url) as client:
-        sid = await _session(client)
+        sid = await create_session(client)
         approval = fpb.PendingPrompt(prompt_id="p1", kind=fpb.PROMPT_KIND_APPROVAL)
         approval.body.update({"tool": "shell"})
         await _publish(
@@ -378,7 +368,7 @@ async def test_prompts_and_runtime_state_survive_a_restart(tmp_path: Path, datab
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 async def test_deleting_a_followed_session_ends_its_followers(transcript: TranscriptClient) -> None:
-    sid = await _session(transcript)
+    sid = await create_session(transcript)
     follower = Follower(transcript, sid)
     await follower.until("snapshot_end")
     await transcript.stub.DeleteSession(api.DeleteSessionRequest(session_id=sid), metadata=transcript.as_user(ALICE))
@@ -390,7 +380,7 @@ async def test_deleting_a_followed_session_ends_its_followers(transcript: Transc
 
 
 async def test_frames_carry_attachment_media_types_and_unknown_ones_are_refused(transcript: TranscriptClient) -> None:
-    sid = await _session(transcript)
+    sid = await create_session(transcript)
     alice = transcript.as_user(ALICE)
     upload = transcript.stub.UploadAttachment(metadata=alice)
     header = api.UploadAttachmentHeader(session_id=sid, media_type="image/png", file_name="a.png")

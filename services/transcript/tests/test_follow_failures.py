@@ -13,6 +13,7 @@ from transcript_testing import (
     SERVICE_TOKEN,
     Follower,
     TcpProxy,
+    all_messages,
     assistant,
     kinds,
     running_transcript,
@@ -167,16 +168,7 @@ async def test_sigkill_mid_stream_loses_nothing_persisted_and_never_completes_th
         assert handshake.handshake.mode == fpb.FOLLOW_MODE_BASELINE, "a new process is a new generation"
         assert handshake.generation > old_generation
         again.cancel()
-        stored: dict[int, str] = {}
-        token = ""
-        while True:
-            page = await stub.ListMessagesAfter(
-                api.ListMessagesAfterRequest(session_id="s", page_token=token), metadata=alice
-            )
-            stored.update({m.message_id: m.content[0].text for m in page.messages})
-            token = page.next_page_token
-            if not token:
-                break
+        stored = {m.message_id: m.content[0].text for m in await all_messages(stub, alice, "s")}
     finally:
         await channel.close()
         process.send_signal(signal.SIGTERM)

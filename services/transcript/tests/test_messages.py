@@ -3,48 +3,37 @@
 from __future__ import annotations
 
 import grpc
-from transcript_testing import TranscriptClient, assistant, refused, tool, user
+from transcript_testing import (
+    TranscriptClient,
+    all_messages,
+    append,
+    assistant,
+    create_session,
+    refused,
+    tool,
+    user,
+)
 
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 
 
-async def _session(client: TranscriptClient, session_id: str = "s") -> str:
-    await client.stub.CreateSession(api.CreateSessionRequest(session_id=session_id), metadata=client.as_user("alice"))
-    return session_id
-
-
-async def _append(client: TranscriptClient, session_id: str, *messages: pb.NewMessage) -> list[int]:
-    response = await client.stub.AppendMessages(
-        api.AppendMessagesRequest(session_id=session_id, messages=list(messages)), metadata=client.as_user("alice")
-    )
-    assert response.create_time.ToMilliseconds() > 0
-    return list(response.message_ids)
-
-
 async def _all_after(client: TranscriptClient, session_id: str, after: int, page_size: int = 0) -> list[pb.Message]:
-    found: list[pb.Message] = []
-    token = ""
-    while True:
-        page = await client.stub.ListMessagesAfter(
-            api.ListMessagesAfterRequest(
-                session_id=session_id, after_message_id=after, page_size=page_size, page_token=token
-            ),
-            metadata=client.as_user("alice"),
-        )
-        found += page.messages
-        token = page.next_page_token
-        if not token:
-            return found
+    return await all_messages(client.stub, client.as_user("alice"), session_id, after=after, page_size=page_size)
 
 
 async def test_batch_gets_increasing_ids_and_round_trips(transcript: TranscriptClient) -> None:
-    sid = await _session(transcript)
+    sid = await create_session(transcript)
     sent = [user("run the tests"), assistant("running", "call-1"), tool("call-1", "ok\x00binary"), assistant("done")]
     sent[2].metadata.update({"exitCode": 0})
-    ids = await _append(transcript, sid, *sent)
+    response = await transcript.stub.AppendMessages(
+        api.AppendMessagesRequest(session_id=sid, messages=sent), metadata=transcript.as_user("alice")
+    )
+    ids = list(response.message_ids)
     assert ids == sorted(ids) and len(set(ids)) == 4
     stored = await _all_after(transcript, sid, 0)
+    # The answered create_time is the one every message of the batch was stored with.
+    assert {m.create_time.ToMilliseconds() for m in stored} == {response.create_time.ToMilliseconds()}
     assert [m.message_id for m in stored] == ids
     assert [m.content[0].text for m in stored] == ["run the tests", "running", "ok\x00binary", "done"]
     assert stored[1].tool_calls[0].tool_call_id == "call-1" and stored[2].tool_call_id == "call-1"
@@ -53,12 +42,12 @@ async def test_batch_gets_increasing_ids_and_round_trips(transcript: TranscriptC
 
 
 async def test_list_after_reads_everything_past_the_boundary_in_pages(transcript: TranscriptClient) -> None:
-    sid = await _session(transcript)
+    sid = await create_session(transcript)
     ids: list[int] = []
     for start in range(0, 120, 40):
-        ids += await _append(transcript, sid, *[user(f"m{i}") for i in range(start, start + 40)])
-    other = await _session(transcript, "other")
-    await _append(transcript, other, user("elsewhere"))
+        ids += await append(transcript, sid, *[user(f"m{i}") for i in range(start, start + 40)])
+    other = await create_session(transcript, "other")
+    await append(transcript, other, user("elsewhere"))
     boundary = ids[49]
     after = await _all_after(transcript, sid, boundary, page_size=7)
     assert [m.message_id for m in after] == ids[50:]
@@ -66,9 +55,9 @@ async def test_list_after_reads_everything_past_the_boundary_in_pages(transcript
 
 
 async def test_a_five_megabyte_tool_output_is_ordinary(transcript: TranscriptClient) -> None:
-    sid = await _session(transcript)
+    sid = await create_session(transcript)
     big = "x" * (5 * 1024 * 1024)
-    ids = await _append(transcript, sid, user("cat big.log"), assistant("", "c"), tool("c", big))
+    ids = await append(transcript, sid, user("cat big.log"), assistant("", "c"), tool("c", big))
     got = await transcript.stub.GetMessage(
         api.GetMessageRequest(session_id=sid, message_id=ids[2]), metadata=transcript.as_user("alice")
     )
@@ -76,7 +65,7 @@ async def test_a_five_megabyte_tool_output_is_ordinary(transcript: TranscriptCli
 
 
 async def test_malformed_batches_are_refused_whole(transcript: TranscriptClient) -> None:
-    sid = await _session(transcript)
+    sid = await create_session(transcript)
     alice = transcript.as_user("alice")
     oversize = "y" * (transcript.settings.max_message_bytes + 1)
     bad_messages = {
@@ -128,8 +117,8 @@ async def test_malformed_batches_are_refused_whole(transcript: TranscriptClient)
 
 
 async def test_pages_around_an_anchor(transcript: TranscriptClient) -> None:
-    sid = await _session(transcript)
-    ids = await _append(transcript, sid, *[user(f"m{i}") for i in range(100)])
+    sid = await create_session(transcript)
+    ids = await append(transcript, sid, *[user(f"m{i}") for i in range(100)])
     alice = transcript.as_user("alice")
     latest = await transcript.stub.ListMessagePage(api.ListMessagePageRequest(session_id=sid), metadata=alice)
     assert [m.message_id for m in latest.messages] == ids[-32:]
@@ -152,9 +141,9 @@ async def test_pages_around_an_anchor(transcript: TranscriptClient) -> None:
 
 
 async def test_edit_rewrites_history_in_one_transaction(transcript: TranscriptClient) -> None:
-    sid = await _session(transcript)
+    sid = await create_session(transcript)
     alice = transcript.as_user("alice")
-    ids = await _append(transcript, sid, user("first"), assistant("a1"), user("second"), assistant("a2"))
+    ids = await append(transcript, sid, user("first"), assistant("a1"), user("second"), assistant("a2"))
     edited = await transcript.stub.EditUserMessage(
         api.EditUserMessageRequest(
             session_id=sid,
@@ -176,16 +165,16 @@ async def test_edit_rewrites_history_in_one_transaction(transcript: TranscriptCl
 
 
 async def test_edit_refusals_change_nothing(transcript: TranscriptClient) -> None:
-    sid = await _session(transcript)
+    sid = await create_session(transcript)
     alice = transcript.as_user("alice")
-    ids = await _append(transcript, sid, user("q"), assistant("a"), user("q2"))
+    ids = await append(transcript, sid, user("q"), assistant("a"), user("q2"))
 
-    def edit(message_id: int, generation: int = 0) -> object:
+    def edit(message_id: int, generation: int = 0, part: pb.ContentPart | None = None) -> object:
         return transcript.stub.EditUserMessage(
             api.EditUserMessageRequest(
                 session_id=sid,
                 message_id=message_id,
-                content=[pb.ContentPart(text="new")],
+                content=[part or pb.ContentPart(text="new")],
                 expected_history_generation=generation,
             ),
             metadata=alice,
@@ -194,6 +183,9 @@ async def test_edit_refusals_change_nothing(transcript: TranscriptClient) -> Non
     await refused(edit(ids[1]), grpc.StatusCode.FAILED_PRECONDITION, "MESSAGE_NOT_EDITABLE")  # type: ignore[arg-type]
     await refused(edit(ids[0], generation=7), grpc.StatusCode.ABORTED, "HISTORY_GENERATION_MISMATCH")  # type: ignore[arg-type]
     await refused(edit(999_999), grpc.StatusCode.NOT_FOUND, "MESSAGE_NOT_FOUND")  # type: ignore[arg-type]
+    # New content may refer only to attachments uploaded to this session, as appended content may.
+    elsewhere = pb.ContentPart(attachment=pb.AttachmentReference(attachment_id="nope"))
+    await refused(edit(ids[0], part=elsewhere), grpc.StatusCode.NOT_FOUND, "ATTACHMENT_NOT_FOUND")  # type: ignore[arg-type]
     stored = await _all_after(transcript, sid, 0)
     assert [m.content[0].text for m in stored] == ["q", "a", "q2"]
     session = await transcript.stub.GetSession(api.GetSessionRequest(session_id=sid), metadata=alice)
@@ -203,9 +195,9 @@ async def test_edit_refusals_change_nothing(transcript: TranscriptClient) -> Non
 
 
 async def test_get_message_of_another_session_is_not_found(transcript: TranscriptClient) -> None:
-    first = await _session(transcript, "one")
-    second = await _session(transcript, "two")
-    (message_id,) = await _append(transcript, first, user("hello"))
+    first = await create_session(transcript, "one")
+    second = await create_session(transcript, "two")
+    (message_id,) = await append(transcript, first, user("hello"))
     await refused(
         transcript.stub.GetMessage(
             api.GetMessageRequest(session_id=second, message_id=message_id), metadata=transcript.as_user("alice")
@@ -216,8 +208,8 @@ async def test_get_message_of_another_session_is_not_found(transcript: Transcrip
 
 
 async def test_pages_end_early_past_the_soft_byte_limit_and_lose_nothing(transcript: TranscriptClient) -> None:
-    sid = await _session(transcript)
-    ids = await _append(transcript, sid, *[five_mib_user(i) for i in range(5)])
+    sid = await create_session(transcript)
+    ids = await append(transcript, sid, *[five_mib_user(i) for i in range(5)])
     first = await transcript.stub.ListMessagesAfter(
         api.ListMessagesAfterRequest(session_id=sid), metadata=transcript.as_user("alice")
     )
@@ -231,9 +223,9 @@ def five_mib_user(index: int) -> pb.NewMessage:
 
 
 async def test_other_bad_message_requests_are_refused(transcript: TranscriptClient) -> None:
-    sid = await _session(transcript)
+    sid = await create_session(transcript)
     alice = transcript.as_user("alice")
-    (message_id,) = await _append(transcript, sid, user("q"))
+    (message_id,) = await append(transcript, sid, user("q"))
     calls = [
         transcript.stub.ListMessagePage(
             api.ListMessagePageRequest(session_id=sid, direction=7),  # type: ignore[arg-type]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from transcript_testing import Follower, TranscriptClient, assistant, tool, user
+from transcript_testing import Follower, TranscriptClient, assistant, create_session, tool, user
 
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
@@ -13,11 +13,6 @@ from continuum_transcript.truncation import reports_truncation
 
 ALICE = "alice"
 TRUNCATED = json.dumps({"matches": ["a.py:1"], "truncated": True})
-
-
-async def _session(client: TranscriptClient, session_id: str = "s") -> str:
-    await client.stub.CreateSession(api.CreateSessionRequest(session_id=session_id), metadata=client.as_user(ALICE))
-    return session_id
 
 
 async def _stored(client: TranscriptClient, session_id: str) -> list[pb.Message]:
@@ -34,7 +29,7 @@ def _tool_with_metadata(text: str, **metadata: str | bool) -> pb.NewMessage:
 
 
 async def test_a_truncated_json_result_is_flagged_and_other_metadata_kept(transcript: TranscriptClient) -> None:
-    sid = await _session(transcript)
+    sid = await create_session(transcript)
     sent = [
         user("search"),
         assistant("searching", "call-1"),
@@ -66,7 +61,7 @@ async def test_a_truncated_json_result_is_flagged_and_other_metadata_kept(transc
 
 
 async def test_follow_frames_carry_the_flag(transcript: TranscriptClient) -> None:
-    sid = await _session(transcript)
+    sid = await create_session(transcript)
     await transcript.stub.AppendMessages(
         api.AppendMessagesRequest(session_id=sid, messages=[assistant("run", "call-1"), tool("call-1", TRUNCATED)]),
         metadata=transcript.as_user(ALICE),

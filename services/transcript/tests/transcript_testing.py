@@ -65,15 +65,56 @@ def user(text: str) -> pb.NewMessage:
     return pb.NewMessage(role=pb.MESSAGE_ROLE_USER, content=[pb.ContentPart(text=text)])
 
 
-def assistant(text: str, *tool_call_ids: str) -> pb.NewMessage:
-    """An ASSISTANT message, optionally issuing tool calls."""
-    calls = [pb.ToolCall(tool_call_id=c, name="shell", arguments="{}") for c in tool_call_ids]
+def assistant(text: str, *tool_call_ids: str, arguments: str = "{}") -> pb.NewMessage:
+    """An ASSISTANT message, optionally issuing tool calls (each with `arguments`)."""
+    calls = [pb.ToolCall(tool_call_id=c, name="shell", arguments=arguments) for c in tool_call_ids]
     return pb.NewMessage(role=pb.MESSAGE_ROLE_ASSISTANT, content=[pb.ContentPart(text=text)], tool_calls=calls)
 
 
 def tool(tool_call_id: str, text: str) -> pb.NewMessage:
     """A TOOL result."""
     return pb.NewMessage(role=pb.MESSAGE_ROLE_TOOL, tool_call_id=tool_call_id, content=[pb.ContentPart(text=text)])
+
+
+async def create_session(client: TranscriptClient, session_id: str = "s", owner: str = "alice") -> str:
+    """Create a session of `owner` with a chosen id; the id."""
+    await client.stub.CreateSession(api.CreateSessionRequest(session_id=session_id), metadata=client.as_user(owner))
+    return session_id
+
+
+async def append(
+    client: TranscriptClient, session_id: str, *messages: pb.NewMessage, owner: str = "alice"
+) -> list[int]:
+    """Append one batch as `owner`; the new messages' ids."""
+    response = await client.stub.AppendMessages(
+        api.AppendMessagesRequest(session_id=session_id, messages=list(messages)), metadata=client.as_user(owner)
+    )
+    assert response.create_time.ToMilliseconds() > 0
+    return list(response.message_ids)
+
+
+async def all_messages(
+    stub: api_grpc.TranscriptServiceStub,
+    metadata: tuple[tuple[str, str], ...],
+    session_id: str,
+    *,
+    after: int = 0,
+    page_size: int = 0,
+) -> list[pb.Message]:
+    """Every live message after `after`, read page by page with ListMessagesAfter."""
+    found: list[pb.Message] = []
+    token = ""
+    while True:
+        page = await stub.ListMessagesAfter(
+            api.ListMessagesAfterRequest(
+                session_id=session_id, after_message_id=after, page_size=page_size, page_token=token
+            ),
+            metadata=metadata,
+        )
+        found.extend(page.messages)
+        token = page.next_page_token
+        if not token:
+            return found
 
 
 async def refused(call: Awaitable[object], code: grpc.StatusCode, reason: str) -> ErrorDetails:
