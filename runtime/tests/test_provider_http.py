@@ -311,6 +311,15 @@ async def test_malformed_success_is_bad_response(
     assert sleeps.calls == []
 
 
+@pytest.mark.parametrize("limit", [0, -1])
+async def test_an_output_limit_below_one_is_refused_before_any_request(
+    server: FakeModelServer, connect: Connect, limit: int
+) -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        await connect().complete(MESSAGES, max_output_tokens=limit)
+    assert server.requests == []
+
+
 # ---- secrets ------------------------------------------------------------------------------------
 
 
@@ -363,6 +372,9 @@ async def test_open_provider_requires_base_url_and_model() -> None:
         open_provider(ProviderSettings(kind="openai", base_url="http://127.0.0.1:1/v1"))
     with pytest.raises(ValueError, match="http:// or https://"):
         open_provider(ProviderSettings(kind="openai", base_url="127.0.0.1:1/v1", model=MODEL))
+    # The provider keeps the same checks when built directly.
+    with pytest.raises(ValueError, match="needs base_url to be set"):
+        OpenAICompatibleProvider(ProviderSettings(kind="openai", model=MODEL))
     provider = open_provider(ProviderSettings(kind="openai", base_url="http://127.0.0.1:1/v1", model=MODEL))
     assert isinstance(provider, OpenAICompatibleProvider)
     assert (provider.name, provider.model) == ("openai-compatible", MODEL)

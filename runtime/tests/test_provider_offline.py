@@ -152,6 +152,12 @@ async def test_a_limit_too_small_for_the_header_raises_truncated() -> None:
     assert not caught.value.retryable
 
 
+@pytest.mark.parametrize("limit", [0, -1])
+async def test_an_output_limit_below_one_is_refused(limit: int) -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        await OfflineProvider().complete(CONVERSATION, max_output_tokens=limit)
+
+
 async def test_open_provider_defaults_to_offline() -> None:
     provider = open_provider(ProviderSettings())
     assert isinstance(provider, OfflineProvider)

@@ -18,7 +18,4 @@ def open_provider(settings: ProviderSettings) -> ModelProvider:
     """
     if settings.kind == "offline":
         return OfflineProvider()
-    missing = [name for name in ("base_url", "model") if not getattr(settings, name)]
-    if missing:
-        raise ValueError(f"provider kind 'openai' needs {' and '.join(missing)} to be set")
     return OpenAICompatibleProvider(settings)

@@ -56,10 +56,11 @@ class OpenAICompatibleProvider:
         sleep: Sleep = asyncio.sleep,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        missing = [name for name in ("base_url", "model") if not getattr(settings, name)]
+        if missing:
+            raise ValueError(f"provider kind 'openai' needs {' and '.join(missing)} to be set")
         if not settings.base_url.startswith(("http://", "https://")):
             raise ValueError("the openai provider needs a base_url starting with http:// or https://")
-        if not settings.model:
-            raise ValueError("the openai provider needs a model name")
         self._settings = settings
         self._url = settings.base_url.rstrip("/") + "/chat/completions"
         self._sleep = sleep

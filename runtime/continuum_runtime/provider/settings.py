@@ -34,5 +34,3 @@ class ProviderSettings(BaseModel):
     max_retries: int = Field(default=3, ge=0)
     # Caps every wait between attempts, including what a server asks for in Retry-After.
     max_backoff_seconds: float = Field(default=30.0, ge=0)
-    # The model's context window, for callers that budget prompts; None when unknown.
-    context_window_tokens: int | None = Field(default=None, ge=1)

@@ -99,6 +99,10 @@ class Compactor:
         """Read the record, validate its boundary, and load only the messages after it."""
         async with self._database.connection() as connection:
             record = await store.load_record(connection, session_id)
+        return await self.load_from(user, session_id, record)
+
+    async def load_from(self, user: str, session_id: str, record: store.CompactionRecord | None) -> Baseline:
+        """Validate the boundary of `record` (as the caller just read it) and load only the messages after it."""
         invalid = False
         if record is not None and record.last_compacted_msg_id > 0:
             reason = await self._boundary_problem(user, session_id, record.last_compacted_msg_id)
@@ -110,6 +114,11 @@ class Compactor:
                 async with self._database.transaction() as connection:
                     await store.delete_record(connection, session_id, record.last_compacted_msg_id)
                 record, invalid = None, True
+        return await self._load_after(user, session_id, record, invalid)
+
+    async def _load_after(
+        self, user: str, session_id: str, record: store.CompactionRecord | None, invalid: bool = False
+    ) -> Baseline:
         boundary = record.last_compacted_msg_id if record is not None else 0
         messages = await self._transcript.list_after(user, session_id, boundary)
         return Baseline(record, load_history(boundary, messages), invalid)
@@ -203,7 +212,7 @@ class Compactor:
             output_tokens=sum(result.output_tokens for result in succeeded),
         )
         fence = session.compaction_fence_message_id
-        recorded: dict[str, Any] | None = None
+        persisted: tuple[store.CompactionRecord, dict[str, Any]] | None = None
         # Below the fence another compaction already covers more: yield to its summary. At the fence,
         # the messages are already protected; above it, move it first (compare-and-set).
         if boundary >= fence:
@@ -212,21 +221,24 @@ class Compactor:
                     await self._transcript.set_fence(
                         user, session.session_id, boundary, session.history_generation, expected_fence=fence
                     )
-                recorded = await self._persist(new, run, report)
+                persisted = await self._persist(new, run, report)
             except HistoryRewritten:
                 report.outcome = pb.COMPACTION_OUTCOME_HISTORY_REWRITTEN
                 reloaded = await self.load(user, session.session_id)
                 await self._finish(run, report, reloaded, announcer)
                 return reloaded, report
             except FenceMoved:
-                recorded = None
-        if recorded is None:
+                persisted = None
+        if persisted is None:
             # Never resubmit this result against the newer boundary: it did not fold that summary in.
             report.outcome = pb.COMPACTION_OUTCOME_CONFLICT
             reloaded = await self.load(user, session.session_id)
             await self._finish(run, report, reloaded, announcer)
             return reloaded, report
-        reloaded = await self.load(user, session.session_id)
+        # The record just stored needs neither a second read nor a boundary check: its boundary was in
+        # the history loaded at this generation and is fenced now. Messages written meanwhile count.
+        record, recorded = persisted
+        reloaded = await self._load_after(user, session.session_id, record)
         report.boundary_after = reloaded.boundary
         await announcer.finished(event_message(recorded, include_summary=False))
         return reloaded, report
@@ -270,10 +282,14 @@ class Compactor:
                 clip = max(MIN_MESSAGE_CHARS, clip // 4)
                 logger.info("summary prompt too large; clipping messages shorter", extra={"clip_chars": clip})
 
-    async def _persist(self, new: store.NewSummary, run: _Run, report: api.CompactionReport) -> dict[str, Any] | None:
-        """CAS the summary and record its event in one transaction; None on a conflict."""
+    async def _persist(
+        self, new: store.NewSummary, run: _Run, report: api.CompactionReport
+    ) -> tuple[store.CompactionRecord, dict[str, Any]] | None:
+        """CAS the summary and record its event in one transaction: the stored record and event, None on
+        a conflict."""
         async with self._database.transaction() as connection:
-            if not await store.persist_summary(connection, new, now_ms()):
+            record = await store.persist_summary(connection, new, now_ms())
+            if record is None:
                 return None
             report.outcome = pb.COMPACTION_OUTCOME_COMPACTED
             tail = sum(message.tokens for message in run.before.history.view if message.message_id > new.boundary)
@@ -285,7 +301,7 @@ class Compactor:
                 summary_text=new.summary_text,
             )
             report.event_id = await store.record_event(connection, row, now_ms())
-        return {**row.__dict__, "event_id": report.event_id, "create_ms": now_ms()}
+        return record, {**row.__dict__, "event_id": report.event_id, "create_ms": now_ms()}
 
     async def _finish(self, run: _Run, report: api.CompactionReport, after: Baseline, announcer: Announcer) -> None:
         """Record and announce an attempt that persisted nothing."""

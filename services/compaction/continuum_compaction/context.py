@@ -40,11 +40,12 @@ class ContextBuilder:
         session = await self._transcript.get_session(user, session_id)
         mid_loop = request.trigger_point == api.TRIGGER_POINT_MID_LOOP
         async with self._database.transaction() as connection:
-            await store.drop_stale_signals(connection, session_id, run_id)
-            signalled = mid_loop and await store.take_signal(connection, session_id, run_id)
+            signalled = await store.settle_signals(connection, session_id, run_id, take=mid_loop)
             inject_memory = await store.memory_choice(
                 connection, session_id, run_id, not mid_loop, not session.memory_injection_disabled, now_ms()
             )
+            # Read here rather than on a connection of its own: one round of database work per request.
+            record = await store.load_record(connection, session_id)
         window = request.context_window_tokens or self._settings.context_window_tokens
         announcer = Announcer(self._transcript, user, session_id)
         attempt: Attempt | None = None
@@ -54,7 +55,7 @@ class ContextBuilder:
             mode = pb.TRIGGER_MODE_MID_LOOP if mid_loop else pb.TRIGGER_MODE_REQUEST_START
             attempt = Attempt(mode, run_id, force=False, mid_loop=mid_loop, window_tokens=window)
         try:
-            baseline = await self._compactor.load(user, session_id)
+            baseline = await self._compactor.load_from(user, session_id, record)
             if attempt is not None:
                 baseline, report = await self._compactor.compact(user, session, baseline, attempt, announcer)
         except BaseException:

@@ -7,6 +7,7 @@ calls a model or another service, so no transaction is held across one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -88,8 +89,8 @@ async def delete_record(connection: AsyncConnection, session_id: str, boundary: 
     return (await connection.execute(statement)).rowcount == 1
 
 
-async def persist_summary(connection: AsyncConnection, summary: NewSummary, now_ms: int) -> bool:
-    """Compare-and-set: True when this summary took effect, False on a conflict (seed 001 §7.9).
+async def persist_summary(connection: AsyncConnection, summary: NewSummary, now_ms: int) -> CompactionRecord | None:
+    """Compare-and-set: the record as stored when this summary took effect, None on a conflict (seed 001 §7.9).
 
     Over an existing record: update only where the boundary is still the one the summary was built
     from and the new boundary is larger. With no record: insert, racing on the unique session id.
@@ -110,9 +111,9 @@ async def persist_summary(connection: AsyncConnection, summary: NewSummary, now_
             )
             .on_conflict_do_nothing(index_elements=["session_id"])
         )
-        return (await connection.execute(statement)).rowcount == 1
+        return await _stored(connection, statement)
     if summary.boundary <= summary.expected_boundary:
-        return False
+        return None
     table = session_compactions
     statement = (
         update(table)
@@ -127,7 +128,13 @@ async def persist_summary(connection: AsyncConnection, summary: NewSummary, now_
             update_ms=now_ms,
         )
     )
-    return (await connection.execute(statement)).rowcount == 1
+    return await _stored(connection, statement)
+
+
+async def _stored(connection: AsyncConnection, statement: Any) -> CompactionRecord | None:
+    # RETURNING yields the row only when the write took effect, so no second read is needed.
+    row = (await connection.execute(statement.returning(*session_compactions.c))).mappings().first()
+    return CompactionRecord(**row) if row is not None else None
 
 
 async def record_event(connection: AsyncConnection, event: EventRow, now_ms: int) -> int:
@@ -159,20 +166,15 @@ async def put_signal(connection: AsyncConnection, session_id: str, run_id: str, 
     await connection.execute(statement)
 
 
-async def take_signal(connection: AsyncConnection, session_id: str, run_id: str) -> bool:
-    """Consume the signal bound to `run_id`; exactly one caller gets True."""
-    statement = delete(compaction_signals).where(
-        compaction_signals.c.session_id == session_id, compaction_signals.c.run_id == run_id
-    )
-    return (await connection.execute(statement)).rowcount == 1
-
-
-async def drop_stale_signals(connection: AsyncConnection, session_id: str, run_id: str) -> int:
-    """A new run starts: a signal of any other (finished) run must never fire."""
-    statement = delete(compaction_signals).where(
-        compaction_signals.c.session_id == session_id, compaction_signals.c.run_id != run_id
-    )
-    return int((await connection.execute(statement)).rowcount)
+async def settle_signals(connection: AsyncConnection, session_id: str, run_id: str, *, take: bool) -> bool:
+    """Drop a signal of any other (finished) run, which must never fire, and with `take` consume the one
+    bound to `run_id` too, in one statement; True when this call consumed it (exactly one caller does)."""
+    table = compaction_signals
+    statement = delete(table).where(table.c.session_id == session_id)
+    if not take:
+        statement = statement.where(table.c.run_id != run_id)
+    dropped = (await connection.execute(statement.returning(table.c.run_id))).scalars().all()
+    return take and run_id in dropped
 
 
 async def memory_choice(

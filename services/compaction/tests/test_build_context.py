@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from compaction_testing import RecordingProxy, ScriptedProvider, Stack, running_stack, summarized_ids
 from transcript_testing import assistant, tool, user
 
@@ -261,6 +262,38 @@ async def test_a_valid_boundary_loads_only_what_follows_it(tmp_path: Path, datab
         ]
         assert fetched == [ids[1]]
         assert [m.message_id for m in response.messages[1:]] == ids[2:]
+
+
+@pytest.mark.parametrize("existing_record", [False, True], ids=["first_insert", "update"])
+async def test_a_compacting_request_reads_the_session_once_and_trusts_the_boundary_it_stored(
+    tmp_path: Path, database_url: str, existing_record: bool
+) -> None:
+    proxy = RecordingProxy()
+    async with running_stack(tmp_path, database_url, proxy=proxy) as stack:
+        await stack.new_session("s1")
+        ids = await stack.append("s1", user("a"), assistant("b"), user("c"), assistant("d"), user("e"))
+        if existing_record:
+            await stack.put_record("s1", ids[1], "earlier")
+        proxy.calls.clear()
+
+        response = await stack.build("s1")
+
+        assert response.compaction.outcome == pb.COMPACTION_OUTCOME_COMPACTED
+        assert response.boundary_message_id == ids[3]
+        names = [name for name, _ in proxy.calls]
+        assert names.count("GetSession") == 1
+        # Only a boundary read from the database is checked; the one just stored is fenced already.
+        fetched = [
+            tapi.GetMessageRequest.FromString(body).message_id for name, body in proxy.calls if name == "GetMessage"
+        ]
+        assert fetched == ([ids[1]] if existing_record else [])
+        start = ids[1] if existing_record else 0
+        assert proxy.list_after_bounds() == [start, ids[3]]
+        # The request carries the summary just stored, then only what follows it.
+        summarized = [i for i in ids[:4] if i > start]
+        assert response.messages[0].content[0].text.endswith(f"summary of {summarized}")
+        assert [m.message_id for m in response.messages[1:]] == ids[4:]
+        assert (await stack.record_rows("s1")) == [(ids[3], f"summary of {summarized}")]
 
 
 async def test_an_invalid_boundary_costs_exactly_one_full_load(tmp_path: Path, database_url: str) -> None:

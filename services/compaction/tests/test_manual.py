@@ -8,7 +8,15 @@ from pathlib import Path
 
 import grpc
 import pytest
-from compaction_testing import RecordingProxy, ScriptedProvider, Stack, eventually, running_stack, runtime_events
+from compaction_testing import (
+    RecordingProxy,
+    ScriptedProvider,
+    Stack,
+    eventually,
+    running_stack,
+    runtime_events,
+    summarized_ids,
+)
 from google.protobuf import duration_pb2, json_format
 from transcript_testing import Follower, assistant, refused, tool, user
 
@@ -117,7 +125,8 @@ async def test_running_session_queues_a_signal_that_fires_at_the_next_tool_round
         # Consumed exactly once.
         later = await stack.build("s1", run_id="run-7", trigger_point=api.TRIGGER_POINT_MID_LOOP)
         assert later.compaction.outcome == pb.COMPACTION_OUTCOME_NOT_TRIGGERED
-        assert ids
+        # The earlier turns, the request and its completed rounds but the latest, in one summary call.
+        assert [summarized_ids(call) for call in stack.provider.summarize_calls()] == [[*ids, *current, *round_[:2]]]
 
 
 async def test_a_signal_of_a_finished_run_never_fires(tmp_path: Path, database_url: str) -> None:

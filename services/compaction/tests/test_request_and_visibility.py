@@ -179,26 +179,48 @@ async def test_events_page_newest_first_with_opaque_tokens(tmp_path: Path, datab
         )
 
 
-BAD_BUILDS: dict[str, dict[str, object]] = {
-    "session_id": {"session_id": "bad id!"},
-    "run_id": {"run_id": ""},
-    "trigger_point": {"trigger_point": api.TRIGGER_POINT_UNSPECIFIED},
-    "context_window_tokens": {"context_window_tokens": 10},
-    "system_prompt_sections[1].key": {
-        "system_prompt_sections": [
-            api.PromptSection(key="a", label="A"),
-            api.PromptSection(key="a", label="A again"),
-        ]
-    },
-    "system_prompt_sections[0].label": {"system_prompt_sections": [api.PromptSection(key="a", label="")]},
-    "memory_entries[0].text": {"memory_entries": [api.MemoryEntry(memory_id="m", text="  ")]},
-    "memory_entries[0].memory_id": {"memory_entries": [api.MemoryEntry(memory_id="", text="x")]},
-    "memory_entries": {"memory_entries": [api.MemoryEntry(memory_id=f"m{n}", text="x") for n in range(65)]},
-}
+def _sections(count: int, text: str = "") -> list[api.PromptSection]:
+    return [api.PromptSection(key=f"k{n}", label="L", text=text) for n in range(count)]
 
 
-@pytest.mark.parametrize("field", list(BAD_BUILDS))
-async def test_bad_build_context_input_is_refused_and_changes_nothing(stack: Stack, field: str) -> None:
+# (the field the refusal must name, the bad values); a field may be refused for several reasons.
+BAD_BUILDS: list[tuple[str, dict[str, object]]] = [
+    ("session_id", {"session_id": "bad id!"}),
+    ("run_id", {"run_id": ""}),
+    ("run_id", {"run_id": "r" * 129}),
+    ("trigger_point", {"trigger_point": api.TRIGGER_POINT_UNSPECIFIED}),
+    ("trigger_point", {"trigger_point": 99}),
+    ("context_window_tokens", {"context_window_tokens": 10}),
+    ("context_window_tokens", {"context_window_tokens": 10_000_001}),
+    (
+        "system_prompt_sections[1].key",
+        {
+            "system_prompt_sections": [
+                api.PromptSection(key="a", label="A"),
+                api.PromptSection(key="a", label="A again"),
+            ]
+        },
+    ),
+    ("system_prompt_sections[0].key", {"system_prompt_sections": [api.PromptSection(key="a b", label="A")]}),
+    ("system_prompt_sections[0].label", {"system_prompt_sections": [api.PromptSection(key="a", label="")]}),
+    ("system_prompt_sections[0].label", {"system_prompt_sections": [api.PromptSection(key="a", label="L" * 81)]}),
+    ("system_prompt_sections", {"system_prompt_sections": _sections(33)}),
+    ("system_prompt_sections", {"system_prompt_sections": _sections(2, "x" * (512 * 1024 + 1))}),
+    ("memory_entries[0].text", {"memory_entries": [api.MemoryEntry(memory_id="m", text="  ")]}),
+    ("memory_entries[0].text", {"memory_entries": [api.MemoryEntry(memory_id="m", text="x" * (16 * 1024 + 1))]}),
+    ("memory_entries[0].memory_id", {"memory_entries": [api.MemoryEntry(memory_id="", text="x")]}),
+    (
+        "memory_entries[1].memory_id",
+        {"memory_entries": [api.MemoryEntry(memory_id="m", text="x"), api.MemoryEntry(memory_id="m", text="y")]},
+    ),
+    ("memory_entries", {"memory_entries": [api.MemoryEntry(memory_id=f"m{n}", text="x") for n in range(65)]}),
+]
+
+
+@pytest.mark.parametrize(("field", "bad"), BAD_BUILDS, ids=[f"{field}-{n}" for n, (field, _) in enumerate(BAD_BUILDS)])
+async def test_bad_build_context_input_is_refused_and_changes_nothing(
+    stack: Stack, field: str, bad: dict[str, object]
+) -> None:
     await stack.new_session("s1")
     await stack.append("s1", user("a"), assistant("b"), user("c"))
     values: dict[str, object] = {
@@ -206,7 +228,7 @@ async def test_bad_build_context_input_is_refused_and_changes_nothing(stack: Sta
         "run_id": "run-1",
         "trigger_point": api.TRIGGER_POINT_REQUEST_START,
     }
-    values.update(BAD_BUILDS[field])
+    values.update(bad)
 
     error = await refused(
         stack.stub.BuildContext(api.BuildContextRequest(**values), metadata=stack.user()),  # type: ignore[arg-type]
