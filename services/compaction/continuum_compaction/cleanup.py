@@ -12,6 +12,7 @@ import asyncio
 import logging
 
 import grpc
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as api
@@ -26,14 +27,13 @@ logger = logging.getLogger("continuum.compaction")
 CONSUMER = "compaction.session-events"
 
 
-async def forget_deleted(database: Database, event: tpb.SessionEvent) -> int:
+async def forget_deleted(connection: AsyncConnection, event: tpb.SessionEvent) -> int:
     """Apply one event; returns rows removed."""
     if event.type != tpb.SESSION_EVENT_TYPE_DELETED:
         return 0
     removed = 0
-    async with database.transaction() as connection:
-        for session_id in event.deleted_session_ids or [event.session_id]:
-            removed += await store.forget_session(connection, session_id)
+    for session_id in event.deleted_session_ids or [event.session_id]:
+        removed += await store.forget_session(connection, session_id)
     return removed
 
 
@@ -66,11 +66,12 @@ class SessionEventsConsumer:
         )
         async for response in stream:
             event = response.event
-            removed = await forget_deleted(self._database, event)
+            # The cleanup and the cursor move together: an event is applied exactly once per cursor.
+            async with self._database.transaction() as connection:
+                removed = await forget_deleted(connection, event)
+                await store.save_cursor(connection, CONSUMER, event.event_id, now_ms())
             if removed:
                 logger.info("forgot deleted sessions", extra={"event_id": event.event_id, "rows": removed})
-            async with self._database.transaction() as connection:
-                await store.save_cursor(connection, CONSUMER, event.event_id, now_ms())
 
 
 async def reconcile(database: Database, transcript: TranscriptClient) -> tuple[int, int]:
@@ -86,7 +87,8 @@ async def reconcile(database: Database, transcript: TranscriptClient) -> tuple[i
         for event in response.events:
             if event.type == tpb.SESSION_EVENT_TYPE_DELETED:
                 deleted += 1
-                removed += await forget_deleted(database, event)
+                async with database.transaction() as connection:
+                    removed += await forget_deleted(connection, event)
         token = response.next_page_token
         if not token:
             return deleted, removed
