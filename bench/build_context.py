@@ -65,9 +65,9 @@ from bench.bench_support import (
     throwaway_database,
     transcript_server,
 )
+from continuum.compaction.events.v1 import events_pb2
 from continuum.compaction.v1 import compaction_service_pb2 as capi
 from continuum.compaction.v1 import compaction_service_pb2_grpc as capi_grpc
-from continuum.compaction.v1 import resources_pb2 as cpb
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum_compaction import SERVICE_NAME as COMPACTION
@@ -379,11 +379,11 @@ def verify(case: Case, response: capi.BuildContextResponse, summary: str) -> Non
     if (
         response.boundary_message_id != case.boundary
         or report.boundary_was_invalid
-        or report.outcome != cpb.COMPACTION_OUTCOME_NOT_TRIGGERED
+        or report.outcome != events_pb2.COMPACTION_OUTCOME_NOT_TRIGGERED
     ):
         raise AssertionError(
             f"{case.label}: boundary {response.boundary_message_id} (expected {case.boundary}),"
-            f" invalid={report.boundary_was_invalid}, outcome {cpb.CompactionOutcome.Name(report.outcome)}"
+            f" invalid={report.boundary_was_invalid}, outcome {events_pb2.CompactionOutcome.Name(report.outcome)}"
         )
 
 

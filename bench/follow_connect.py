@@ -52,6 +52,7 @@ from bench.bench_support import (
 )
 from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import transcript_service_pb2 as api
+from continuum_runtime.capabilities import TRANSCRIPT_V2
 from continuum_transcript.follow import SNAPSHOT_PAGE
 from continuum_transcript.tables import messages
 
@@ -62,7 +63,7 @@ BATCH = 50
 WARMUP_CALLS = 30
 SAMPLES = 300
 TARGET_RATIO = 1.5
-CAPABILITY = "transcript-v2"
+CAPABILITY = TRANSCRIPT_V2
 
 
 @dataclass(frozen=True)

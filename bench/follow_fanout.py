@@ -90,6 +90,7 @@ from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
 from continuum_runtime.auth import call_metadata
+from continuum_runtime.capabilities import TRANSCRIPT_V2
 from continuum_runtime.channels import open_channel
 
 GRPC_FOLLOWERS = 200
@@ -118,7 +119,7 @@ SLOWEST_EXPECTED_FRAMES_PER_SECOND = 1_000
 CONNECT_CONCURRENCY = 20
 # The publisher gives up when the slowest follower makes no progress for this long.
 STALL_SECONDS = 60.0
-CAPABILITY = "transcript-v2"
+CAPABILITY = TRANSCRIPT_V2
 FOLLOW_SUBPROTOCOL = "continuum.follow.v1"
 FOLLOW_METHOD = "Follow"
 SERVICE_NAME = api.DESCRIPTOR.services_by_name["TranscriptService"].full_name

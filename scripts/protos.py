@@ -16,12 +16,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ROOT / "protos"
 TARGET = ROOT / "protos" / "generated"
+# Third-party definitions our contracts import (google.api.field_behavior). Their Python code comes
+# from googleapis-common-protos, so they are on the include path but not generated here.
+VENDOR = SOURCES / "vendor"
 
 
 def generate(out: Path) -> None:
     """Run protoc (from grpcio-tools) over every .proto file into `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    proto_files = sorted(str(p.relative_to(SOURCES)) for p in SOURCES.rglob("*.proto"))
+    proto_files = sorted(str(p.relative_to(SOURCES)) for p in (SOURCES / "continuum").rglob("*.proto"))
     bin_dir = Path(sys.executable).parent
     well_known = str(resources.files("grpc_tools") / "_proto")
     command = [
@@ -31,6 +34,7 @@ def generate(out: Path) -> None:
         f"--plugin=protoc-gen-mypy={bin_dir / 'protoc-gen-mypy'}",
         f"--plugin=protoc-gen-mypy_grpc={bin_dir / 'protoc-gen-mypy_grpc'}",
         f"-I{SOURCES}",
+        f"-I{VENDOR}",
         f"-I{well_known}",
         f"--python_out={out}",
         f"--grpc_python_out={out}",

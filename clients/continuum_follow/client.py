@@ -179,7 +179,7 @@ class FollowClient:
         request = api.FollowRequest(session_id=self.session_id, capabilities=self._capabilities)
         cursor = self.store.cursor
         if resume and cursor is not None:
-            request.resume.CopyFrom(fpb.FollowCursor(generation=cursor.generation, seq=cursor.seq))
+            request.resume.CopyFrom(fpb.FollowCursor(stream_generation=cursor.stream_generation, seq=cursor.seq))
         call = self._stub.Follow(request, metadata=self._metadata)
         self._call = call
         self._dropping = False

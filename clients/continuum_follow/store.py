@@ -16,8 +16,9 @@ from dataclasses import dataclass, field, replace
 from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
+from continuum_runtime.capabilities import TRANSCRIPT_V2
 
-PROTOCOL = "transcript-v2"
+PROTOCOL = TRANSCRIPT_V2
 DEFAULT_EVENT_LIMIT = 200
 
 # Reasons of resyncs the store decides itself; the server's reasons are its enum names in
@@ -82,9 +83,9 @@ def resync_reason(reason: int) -> str:
 
 @dataclass(frozen=True)
 class Cursor:
-    """The applied position: the generation of the installed baseline and the last applied seq."""
+    """The applied position: the stream generation of the installed baseline and the last applied seq."""
 
-    generation: int
+    stream_generation: int
     seq: int
 
 
@@ -122,7 +123,7 @@ class RecoveryFailure:
 class Snapshot:
     """Everything a baseline installs at once."""
 
-    generation: int
+    stream_generation: int
     seq: int
     durable_seq: int
     messages: Sequence[pb.Message] = ()
@@ -143,7 +144,7 @@ class _Phase(enum.Enum):
 class _Stream:
     """What the store knows about the stream in progress."""
 
-    generation: int
+    stream_generation: int
     phase: _Phase
     durable_seq: int
     begin: fpb.SnapshotBeginFrame | None = None
@@ -251,7 +252,7 @@ class RecordStore:
         self._settlements = {}
         self._has_older = snapshot.has_older
         self._history = snapshot.history
-        self._cursor = Cursor(snapshot.generation, snapshot.seq)
+        self._cursor = Cursor(snapshot.stream_generation, snapshot.seq)
         self._durable_seq = snapshot.durable_seq
         # A snapshot is read after the server flushed up to its cut, so any earlier failure is over.
         self.recovery_failure = None
@@ -269,14 +270,14 @@ class RecordStore:
             # A frame kind this client does not know: a newer server's addition, safe to skip.
             return Outcome.ignored("unknown frame")
         if kind == "handshake":
-            return self._handshake(frame.generation, frame.handshake)
+            return self._handshake(frame.stream_generation, frame.handshake)
         stream = self._stream
         if stream is None:
             return self._fail(OUT_OF_ORDER)
         if kind == "resync":
             self._stream = None
             return Outcome.resync(resync_reason(frame.resync.reason), resumable=frame.resync.resumable)
-        if frame.generation != stream.generation:
+        if frame.stream_generation != stream.stream_generation:
             return self._fail(GENERATION_CHANGED)
         if stream.phase is _Phase.BASELINE:
             if kind in _STATUS_FRAMES:
@@ -296,16 +297,16 @@ class RecordStore:
             return self._fail(OUT_OF_ORDER)
         return self._suffix(frame)
 
-    def _handshake(self, generation: int, handshake: fpb.HandshakeFrame) -> Outcome:
+    def _handshake(self, stream_generation: int, handshake: fpb.HandshakeFrame) -> Outcome:
         if handshake.mode == fpb.FOLLOW_MODE_BASELINE:
-            self._stream = _Stream(generation, _Phase.BASELINE, handshake.durable_seq)
+            self._stream = _Stream(stream_generation, _Phase.BASELINE, handshake.durable_seq)
             return Outcome.applied()
         if handshake.mode == fpb.FOLLOW_MODE_RESUME:
-            # The server resumes only a cursor of its current generation; anything else means the
+            # The server resumes only a cursor of its current stream generation; anything else means the
             # cursor it answered is not ours.
-            if self._cursor is None or self._cursor.generation != generation:
+            if self._cursor is None or self._cursor.stream_generation != stream_generation:
                 return self._fail(GENERATION_CHANGED)
-            self._stream = _Stream(generation, _Phase.RESUME_PREFIXES, handshake.durable_seq)
+            self._stream = _Stream(stream_generation, _Phase.RESUME_PREFIXES, handshake.durable_seq)
             self._durable_seq = max(self._durable_seq, handshake.durable_seq)
             return Outcome.applied()
         return self._fail(OUT_OF_ORDER)
@@ -327,19 +328,19 @@ class RecordStore:
         elif kind == "snapshot_prefix":
             stream.prefixes.append(frame.snapshot_prefix)
         elif kind == "snapshot_end":
-            return self._end_snapshot(stream, frame.generation, frame.snapshot_end)
+            return self._end_snapshot(stream, frame.stream_generation, frame.snapshot_end)
         else:
             # A repeated part, or a suffix frame before the snapshot ended.
             return self._fail(OUT_OF_ORDER)
         return Outcome.applied()
 
-    def _end_snapshot(self, stream: _Stream, generation: int, end: fpb.SnapshotEndFrame) -> Outcome:
+    def _end_snapshot(self, stream: _Stream, stream_generation: int, end: fpb.SnapshotEndFrame) -> Outcome:
         begin, records, runtime = stream.begin, stream.records, stream.runtime
         if begin is None or records is None or runtime is None or end.seq != begin.seq:
             return self._fail(OUT_OF_ORDER)
         self.install_snapshot(
             Snapshot(
-                generation=generation,
+                stream_generation=stream_generation,
                 seq=begin.seq,
                 durable_seq=stream.durable_seq,
                 messages=list(records.messages),
@@ -350,7 +351,7 @@ class RecordStore:
                 prefixes=stream.prefixes,
             )
         )
-        self._stream = _Stream(generation, _Phase.LIVE, stream.durable_seq)
+        self._stream = _Stream(stream_generation, _Phase.LIVE, stream.durable_seq)
         return Outcome.applied()
 
     def _status_during_baseline(self, stream: _Stream, frame: api.FollowResponse) -> Outcome:
@@ -401,7 +402,7 @@ class RecordStore:
             return Outcome.ignored("duplicate")
         if base_seq != cursor.seq:
             return self._fail(CHAIN_GAP)
-        self._cursor = Cursor(cursor.generation, seq)
+        self._cursor = Cursor(cursor.stream_generation, seq)
         return Outcome.applied()
 
     def _batch(self, cursor: Cursor, batch: fpb.BatchFrame) -> Outcome:

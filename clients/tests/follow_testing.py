@@ -16,6 +16,7 @@ from transcript_testing import SERVICE_TOKEN, transcript_settings
 from transcript_testing import tool as tool  # re-exported for the client tests
 from transcript_testing import user as user
 
+from continuum.compaction.events.v1 import events_pb2
 from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
@@ -198,9 +199,10 @@ def op_resolve(prompt_id: str) -> api.BatchOperation:
     return api.BatchOperation(prompt_resolved=prompt_id)
 
 
-def op_event(kind: str) -> api.BatchOperation:
+def op_event(tag: int) -> api.BatchOperation:
     """A batch operation carrying a runtime event."""
-    return api.BatchOperation(event=fpb.RuntimeEvent(kind=kind))
+    marker = events_pb2.CompactionMarker(event_id=tag)
+    return api.BatchOperation(event=fpb.RuntimeEvent(compaction_marker=marker))
 
 
 def op_message(message: pb.NewMessage) -> api.BatchOperation:

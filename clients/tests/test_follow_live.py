@@ -58,10 +58,10 @@ async def test_a_session_is_followed_whole_through_its_life(tmp_path: Path, data
             assert client.store.tools["call-1"].call_message_id == committed
 
             # Runtime state, prompts and events, then a terminal batch.
-            await live.publish(session, op_state(fpb.RUN_STATE_WAITING, "run-1"), op_prompt("approve-1"), op_event("c"))
+            await live.publish(session, op_state(fpb.RUN_STATE_WAITING, "run-1"), op_prompt("approve-1"), op_event(3))
             await eventually(lambda: "approve-1" in client.store.prompts)
             assert client.store.runtime_state.state == fpb.RUN_STATE_WAITING
-            assert [event.kind for event in client.store.events] == ["c"]
+            assert [event.compaction_marker.event_id for event in client.store.events] == [3]
             seq = await live.publish(session, op_resolve("approve-1"), op_state(fpb.RUN_STATE_IDLE), terminal=True)
             await eventually(lambda: client.store.cursor is not None and client.store.cursor.seq == seq)
             assert not client.store.prompts
@@ -88,14 +88,14 @@ async def test_a_session_is_followed_whole_through_its_life(tmp_path: Path, data
             assert set(client.store.prefixes) == {"m3"}
             assert (client.followed_times, sum(client.resyncs.values()), client.disconnects) == (1, 0, 0)
 
-            # An edit rewrites the history: resync(REWRITE), then a baseline of the new generation.
-            generation = client.store.cursor.generation if client.store.cursor else 0
+            # An edit rewrites the history: resync(REWRITE), then a baseline of the new stream generation.
+            stream_generation = client.store.cursor.stream_generation if client.store.cursor else 0
             edit = api.EditUserMessageRequest(
                 session_id=session, message_id=first, content=[pb.ContentPart(text="hey")]
             )
             await live.stub.EditUserMessage(edit, metadata=live.metadata)
             await eventually(lambda: client.resyncs["rewrite"] == 1 and client.store.live, what="re-follow")
-            assert client.store.cursor is not None and client.store.cursor.generation > generation
+            assert client.store.cursor is not None and client.store.cursor.stream_generation > stream_generation
             assert texts(client.store) == ["hey"]
             assert same_as_server(client.store, await live.server_messages(session))
             # The rewrite ended the open attempt on the server; the fresh baseline has no prefixes.
@@ -183,16 +183,20 @@ async def test_a_restarted_server_is_followed_again_not_taken_as_the_end(tmp_pat
         client = live.follower(session)
         async with following(client):
             await eventually(lambda: client.store.live and texts(client.store) == ["before"])
-            generation = client.store.cursor.generation if client.store.cursor else 0
+            stream_generation = client.store.cursor.stream_generation if client.store.cursor else 0
             await service.stop(grace=0)
             # The server ends the stream with resync(SHUTDOWN), unless stopping cut the stream first.
             await eventually(lambda: client.resyncs["shutdown"] + client.disconnects >= 1, what="end of stream")
             # Down: calls fail and the client keeps trying, backing off.
             await eventually(lambda: client.followed_times >= 4, what="retries while down")
             service = live.service = await start(settings(tmp_path, url, port=port))
-            # A new publisher binds with a new generation: the client is back on a fresh baseline.
+            # A new publisher binds with a new stream generation: the client is back on a fresh baseline.
             await eventually(
-                lambda: client.store.live and client.store.cursor and client.store.cursor.generation > generation,
+                lambda: (
+                    client.store.live
+                    and client.store.cursor
+                    and client.store.cursor.stream_generation > stream_generation
+                ),
                 what="following again",
             )
             await live.append(session, user("after"))

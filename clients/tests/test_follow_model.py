@@ -67,8 +67,8 @@ class Watched:
         async for _ in self.client.updates():
             cursor = self.client.store.cursor
             if cursor is not None:
-                assert cursor.generation >= self.highest_generation, "a follower's generation went back"
-                self.highest_generation = cursor.generation
+                assert cursor.stream_generation >= self.highest_generation, "a follower's stream_generation went back"
+                self.highest_generation = cursor.stream_generation
             await self.gate.wait()
 
 
@@ -221,12 +221,12 @@ class FollowModel(RuleBasedStateMachine):
         probe = await self.live.stub.PublishBatch(
             api.PublishBatchRequest(session_id=self.session_id, wait_durable=True), metadata=self.live.metadata
         )
-        target = (probe.generation, probe.seq)
+        target = (probe.stream_generation, probe.seq)
         deadline = self.loop.time() + 20
         while True:
             cursors = [f.client.store.cursor for f in self.followers]
             if all(
-                c is not None and (c.generation, c.seq) >= target and f.client.store.live
+                c is not None and (c.stream_generation, c.seq) >= target and f.client.store.live
                 for c, f in zip(cursors, self.followers, strict=True)
             ):
                 break

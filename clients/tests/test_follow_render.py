@@ -103,7 +103,7 @@ def test_a_new_baseline_shows_only_news_unless_the_shown_history_was_rewritten()
         baseline(4, [message(1, "one"), message(2, "two"), message(3, "three")], state=fpb.RUN_STATE_UNSPECIFIED),
     )
     rewritten = feed(
-        renderer, store, baseline(5, [message(1, "uno")], generation=GEN + 1, state=fpb.RUN_STATE_UNSPECIFIED)
+        renderer, store, baseline(5, [message(1, "uno")], stream_generation=GEN + 1, state=fpb.RUN_STATE_UNSPECIFIED)
     )
 
     assert same == "user: three\n"

@@ -62,7 +62,7 @@ def test_a_baseline_is_invisible_until_its_end_then_installed_whole() -> None:
         prefixes=[prefix("k1", 2, "hel", 2)],
         state=fpb.RUN_STATE_RUNNING,
         prompts=["p1"],
-        generation=GEN + 1,
+        stream_generation=GEN + 1,
     )
 
     for frame in new[:-1]:
@@ -97,7 +97,7 @@ def test_a_baseline_is_invisible_until_its_end_then_installed_whole() -> None:
 )
 def test_a_snapshot_out_of_order_is_a_resync(order: list[int], bad_at: int) -> None:
     store = live_store(5, message(1, "kept"))
-    frames = baseline(9, [message(7, "new")], generation=GEN + 1)
+    frames = baseline(9, [message(7, "new")], stream_generation=GEN + 1)
 
     outcomes = apply_all(store, [frames[i] for i in order[: bad_at + 1]])
 
@@ -119,11 +119,11 @@ def test_a_suffix_frame_inside_a_baseline_is_a_resync() -> None:
 
 def test_a_stream_that_ends_mid_baseline_leaves_the_previous_baseline() -> None:
     store = live_store(5, message(1, "kept"))
-    apply_all(store, baseline(9, [message(7, "new")], generation=GEN + 1)[:3])
+    apply_all(store, baseline(9, [message(7, "new")], stream_generation=GEN + 1)[:3])
 
     store.end_stream()
     # The next stream starts from scratch: the half snapshot of the last one is gone.
-    outcomes = apply_all(store, baseline(10, [message(8, "fresh")], generation=GEN + 1))
+    outcomes = apply_all(store, baseline(10, [message(8, "fresh")], stream_generation=GEN + 1))
 
     assert outcomes == [APPLIED] * 5
     assert texts(store) == ["fresh"]
@@ -136,7 +136,7 @@ def test_frames_before_a_handshake_are_out_of_order() -> None:
 def test_an_unknown_frame_kind_is_ignored() -> None:
     store = live_store()
 
-    assert store.apply(api.FollowResponse(generation=GEN)).status is Status.IGNORED
+    assert store.apply(api.FollowResponse(stream_generation=GEN)).status is Status.IGNORED
 
 
 # Resume
@@ -167,12 +167,12 @@ def test_a_resume_without_prefixes_clears_them_at_the_first_frame() -> None:
     assert store.prefixes == {}
 
 
-@pytest.mark.parametrize("generation", [GEN - 1, GEN + 1])
-def test_a_resume_of_another_generation_is_a_resync(generation: int) -> None:
+@pytest.mark.parametrize("stream_generation", [GEN - 1, GEN + 1])
+def test_a_resume_of_another_generation_is_a_resync(stream_generation: int) -> None:
     store = live_store()
     store.end_stream()
 
-    assert apply_all(store, resume(generation=generation))[0] == Outcome.resync(GENERATION_CHANGED)
+    assert apply_all(store, resume(stream_generation=stream_generation))[0] == Outcome.resync(GENERATION_CHANGED)
 
 
 def test_a_resume_without_a_baseline_is_a_resync() -> None:
@@ -191,7 +191,7 @@ def test_batches_chain_and_apply_everything() -> None:
         [
             batch(5, 6, [message(2, "a"), message(3, "b")], state=fpb.RUN_STATE_RUNNING, upsert=["p2"]),
             watermark(6, 7),
-            batch(7, 8, resolve=["p1"], events=["e1", "e2", "e3"]),
+            batch(7, 8, resolve=["p1"], events=[1, 2, 3]),
         ],
     )
 
@@ -200,7 +200,7 @@ def test_batches_chain_and_apply_everything() -> None:
     assert store.runtime_state.state == fpb.RUN_STATE_RUNNING
     assert list(store.prompts) == ["p2"]
     # Runtime events are bounded: only the last ones stay.
-    assert [event.kind for event in store.events] == ["e2", "e3"]
+    assert [event.compaction_marker.event_id for event in store.events] == [2, 3]
     assert store.cursor == Cursor(GEN, 8)
 
 
@@ -349,7 +349,11 @@ def test_an_invalid_settlement_is_a_resync(frame: api.FollowResponse) -> None:
 
 @pytest.mark.parametrize(
     "frame",
-    [batch(5, 6, generation=GEN + 1), heartbeat(5, 5, generation=GEN - 1), opened("k", generation=GEN + 1)],
+    [
+        batch(5, 6, stream_generation=GEN + 1),
+        heartbeat(5, 5, stream_generation=GEN - 1),
+        opened("k", stream_generation=GEN + 1),
+    ],
     ids=["batch", "heartbeat", "attempt"],
 )
 def test_a_frame_of_another_generation_is_a_resync(frame: api.FollowResponse) -> None:
@@ -362,7 +366,7 @@ def test_a_frame_of_another_generation_is_a_resync(frame: api.FollowResponse) ->
 def test_a_snapshot_frame_of_another_generation_is_a_resync() -> None:
     store = RecordStore()
     frames = baseline(5)
-    frames[2].generation = GEN + 1
+    frames[2].stream_generation = GEN + 1
 
     assert apply_all(store, frames[:3])[-1] == Outcome.resync(GENERATION_CHANGED)
 
@@ -374,8 +378,10 @@ def test_a_snapshot_frame_of_another_generation_is_a_resync() -> None:
 def test_a_resync_frame_ends_the_stream(reason: fpb.ResyncReason.ValueType, resumable: bool, name: str) -> None:
     store = live_store(5)
 
-    # Even of an older generation: the stream it ends is the one being read.
-    assert store.apply(resync(reason, resumable, generation=GEN - 1)) == Outcome.resync(name, resumable=resumable)
+    # Even of an older stream generation: the stream it ends is the one being read.
+    assert store.apply(resync(reason, resumable, stream_generation=GEN - 1)) == Outcome.resync(
+        name, resumable=resumable
+    )
     assert store.cursor == Cursor(GEN, 5)
     assert not store.live
 
@@ -384,14 +390,14 @@ def test_recovery_failure_shows_until_recovered() -> None:
     store = live_store(5)
     failure = fpb.RecoveryFailureFrame(reason="OperationalError", commit_seq=7, durable_seq=5, failed_attempts=2)
 
-    store.apply(api.FollowResponse(generation=GEN, recovery_failure=failure))
+    store.apply(api.FollowResponse(stream_generation=GEN, recovery_failure=failure))
     assert store.recovery_failure is not None
     assert (store.recovery_failure.reason, store.recovery_failure.failed_attempts) == ("OperationalError", 2)
     store.apply(heartbeat(7, 6))
     assert store.recovery_failure is not None
     assert store.durable_seq == 6
 
-    store.apply(api.FollowResponse(generation=GEN, recovered=fpb.RecoveredFrame(durable_seq=7)))
+    store.apply(api.FollowResponse(stream_generation=GEN, recovered=fpb.RecoveredFrame(durable_seq=7)))
     assert store.recovery_failure is None
     assert store.durable_seq == 7
 
@@ -400,7 +406,7 @@ def test_a_heartbeat_with_everything_durable_ends_a_recovery_failure() -> None:
     # The `recovered` frame may have been sent while this follower was reconnecting.
     store = live_store(5)
     failure = fpb.RecoveryFailureFrame(reason="x", commit_seq=7, durable_seq=5, failed_attempts=1)
-    store.apply(api.FollowResponse(generation=GEN, recovery_failure=failure))
+    store.apply(api.FollowResponse(stream_generation=GEN, recovery_failure=failure))
 
     store.apply(heartbeat(7, 7))
 

@@ -9,7 +9,8 @@ GET /v1/capabilities   200 {"capabilities": ["transcript-v2", "history-outline-v
 ``compaction-v1``       the compaction routes (`continuum_gateway.compaction`): the session's summary,
                         its compaction events, and ``:compactNow``.
 
-Like every route outside the probes, it needs a bearer token.
+The names are the `wire_name`s of continuum.capability.v1.Capability. Like every route outside the
+probes, it needs a bearer token.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-TRANSCRIPT_V2 = "transcript-v2"
-HISTORY_OUTLINE_V1 = "history-outline-v1"
-COMPACTION_V1 = "compaction-v1"
+from continuum_runtime.capabilities import COMPACTION_V1, HISTORY_OUTLINE_V1, TRANSCRIPT_V2
+
 ADVERTISED = (TRANSCRIPT_V2, HISTORY_OUTLINE_V1, COMPACTION_V1)
 
 

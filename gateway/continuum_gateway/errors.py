@@ -28,7 +28,7 @@ table, in full:
     NOT_FOUND                 404    4404
     ALREADY_EXISTS            409    4409
     PERMISSION_DENIED         403    4403
-    RESOURCE_EXHAUSTED        429    4429 (also: a browser too slow for its Follow stream)
+    RESOURCE_EXHAUSTED        429    4429 (transient limits only)
     FAILED_PRECONDITION       400    4400
     ABORTED                   409    4409
     OUT_OF_RANGE              400    4400
@@ -273,10 +273,20 @@ def upstream_error_body(failure: UpstreamError) -> dict[str, Any]:
         message, reason = f"{upstream} is unavailable", "UPSTREAM_UNAVAILABLE"
     elif details.code == grpc.StatusCode.DEADLINE_EXCEEDED:
         message, reason = f"{upstream} did not answer in time", "UPSTREAM_TIMEOUT"
+    elif details.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        # gRPC's own RESOURCE_EXHAUSTED (no ErrorInfo) means a message over the channel's size limit:
+        # a permanent failure, so not a 429 that would tell the client to come back later.
+        return error_body(
+            grpc.StatusCode.INTERNAL,
+            f"{upstream} answered with more than the gateway accepts",
+            reason="UPSTREAM_RESPONSE_TOO_LARGE",
+            domain=DOMAIN,
+            metadata={"upstream": upstream},
+        )
     elif HTTP_STATUS[details.code] >= 500:
         return internal_error_body()
     else:
-        message, reason = f"{upstream} refused the call", f"UPSTREAM_{details.code.name}"
+        message, reason = f"{upstream} refused the call", "UPSTREAM_REFUSED"
     return error_body(details.code, message, reason=reason, domain=DOMAIN, metadata={"upstream": upstream})
 
 

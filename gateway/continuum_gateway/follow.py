@@ -16,20 +16,20 @@ Protocol, all messages JSON text:
 
 1. The browser sends its hello first (within `follow_hello_timeout_seconds`)::
 
-       {"type": "hello", "capabilities": ["transcript-v2", ...], "resume": {"generation": "3", "seq": "41"}}
+       {"type": "hello", "capabilities": ["transcript-v2", ...], "resume": {"streamGeneration": "3", "seq": "41"}}
 
    ``resume`` (optional) is the last applied cursor. A hello without ``transcript-v2`` is refused
    with an UPGRADE_REQUIRED error and close code 4426; there is no legacy fallback.
 2. The gateway calls TranscriptService.Follow as the authenticated user and relays every frame as one
    message, in order::
 
-       {"type": "<frame>", "generation": "3", "<frame>": {...}}
+       {"type": "<frame>", "streamGeneration": "3", "<frame>": {...}}
 
    where ``<frame>`` is the JSON (camelCase) name of the FollowResponse oneof field that is set
    (``handshake``, ``snapshotBegin``, ``snapshotRecords``, ..., ``batch``, ``chunk``, ``resync``) and
    its value that frame in proto JSON, like the REST routes (camelCase, int64 as strings, zero
    values present), so ``message[message.type]`` is the payload. A frame of a kind this gateway does
-   not know is relayed as ``{"type": "unknown", "generation": ...}``; browsers ignore unknown types.
+   not know is relayed as ``{"type": "unknown", "streamGeneration": ...}``; browsers ignore unknown types.
 3. A ``resync`` frame from transcript is relayed and the socket closed normally (1000): the browser
    re-follows, with ``resume`` when the frame says ``resumable``.
 4. A failure (the session is missing or another user's, a bad hello, transcript down) is one
@@ -39,7 +39,7 @@ Protocol, all messages JSON text:
    `follow_buffer_chars` characters of them, pile up) gets, best effort, in place of the frames it
    could not take::
 
-       {"type": "resync", "generation": "3", "resync": {"reason": "RESYNC_REASON_OVERFLOW", "resumable": true}}
+       {"type": "resync", "streamGeneration": "3", "resync": {"reason": "RESYNC_REASON_OVERFLOW", "resumable": true}}
 
    then close code 4429; the browser's share of the upstream stream is given up at once (the stream
    itself is cancelled when no other browser uses it). Other browsers are not affected.
@@ -76,7 +76,6 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from continuum.transcript.v1 import transcript_service_pb2
 from continuum_gateway.auth import acting_user
-from continuum_gateway.capabilities import TRANSCRIPT_V2
 from continuum_gateway.errors import (
     UPGRADE_REQUIRED,
     GatewayError,
@@ -98,6 +97,7 @@ from continuum_gateway.follow_hub import (
 )
 from continuum_gateway.settings import GatewaySettings
 from continuum_gateway.upstream import TRANSCRIPT, Upstreams, upstreams_of
+from continuum_runtime.capabilities import TRANSCRIPT_V2
 
 logger = logging.getLogger("continuum.gateway.follow")
 
@@ -171,7 +171,7 @@ def parse_hello(text: str, session_id: str) -> transcript_service_pb2.FollowRequ
     resume = hello.get("resume")
     if resume is not None:
         if not isinstance(resume, dict):
-            raise GatewayError.invalid_argument("resume", "must be {generation, seq}", reason="INVALID_HELLO")
+            raise GatewayError.invalid_argument("resume", "must be {streamGeneration, seq}", reason="INVALID_HELLO")
         try:
             json_format.ParseDict(resume, request.resume)
         except json_format.ParseError as error:
@@ -290,7 +290,7 @@ class _Relay:
                     if outbox.attached.is_set():
                         return
                     kind = frame.WhichOneof("frame")
-                    if not outbox.deliver(frame_message(frame, kind), frame.generation, kind):
+                    if not outbox.deliver(frame_message(frame, kind), frame.stream_generation, kind):
                         return  # overflow: the outbox holds the resync and the close
                     if not live:
                         live = kind == "snapshot_end"

@@ -24,7 +24,7 @@ How a browser joins, so that it still gets its own baseline:
   (the hub keeps its recent frames), the browser switches: it gets the hub's frames after that one
   (catching up from the hub's recent frames if its own stream was behind), and its private call is
   cancelled. If its own stream is ahead, the hub switches it over when it reaches the same frame.
-* Only frames that occur once per generation mark a switch point: batches and watermarks (their
+* Only frames that occur once per stream generation mark a switch point: batches and watermarks (their
   ``seq``) and settlements (the seq of the message they settle). Chunks and attempt frames are only
   relayed, never matched: an attempt reference could in principle be reopened after its commit.
 
@@ -68,7 +68,7 @@ OVERFLOW_CLOSE_CODE = WEBSOCKET_CLOSE_CODE[grpc.StatusCode.RESOURCE_EXHAUSTED]
 
 # Which browsers may share a stream: same user, same session, same capabilities.
 HubKey = tuple[str, str, tuple[str, ...]]
-# A suffix frame that occurs once per generation: (kind, generation, seq).
+# A suffix frame that occurs once per stream generation: (kind, stream_generation, seq).
 AlignKey = tuple[str, int, int]
 
 
@@ -84,23 +84,23 @@ def frame_message(frame: transcript_service_pb2.FollowResponse, kind: str | None
     return _dumps({"type": name, **to_json(frame)})
 
 
-def overflow_message(generation: int) -> str:
+def overflow_message(stream_generation: int) -> str:
     """The gateway's own resync, sent in place of the frames a slow browser could not take."""
     frame = transcript_service_pb2.FollowResponse(
-        generation=generation,
+        stream_generation=stream_generation,
         resync=follow_pb2.ResyncFrame(reason=follow_pb2.RESYNC_REASON_OVERFLOW, resumable=True),
     )
     return frame_message(frame)
 
 
 def alignment_key(frame: transcript_service_pb2.FollowResponse, kind: str | None) -> AlignKey | None:
-    """The frame's identity if it can mark a switch point (it occurs once per generation), else None."""
+    """The frame's identity if it can mark a switch point (it occurs once per stream generation), else None."""
     if kind == "batch":
-        return ("batch", frame.generation, frame.batch.seq)
+        return ("batch", frame.stream_generation, frame.batch.seq)
     if kind == "watermark":
-        return ("watermark", frame.generation, frame.watermark.seq)
+        return ("watermark", frame.stream_generation, frame.watermark.seq)
     if kind == "settlement":
-        return ("settlement", frame.generation, frame.settlement.seq)
+        return ("settlement", frame.stream_generation, frame.settlement.seq)
     return None
 
 
@@ -130,7 +130,7 @@ class Outbox:
         self._queue: asyncio.Queue[str | Close] = asyncio.Queue()
         # Characters of the messages in the queue (frames can be megabytes each).
         self.queued_chars = 0
-        self.generation = 0
+        self.stream_generation = 0
         self.outcome = "browser_closed"
         # A Close is queued: nothing more goes in.
         self.closed = False
@@ -142,11 +142,11 @@ class Outbox:
         """Messages (and the close) queued."""
         return self._queue.qsize()
 
-    def deliver(self, text: str, generation: int, kind: str | None) -> bool:
+    def deliver(self, text: str, stream_generation: int, kind: str | None) -> bool:
         """Queue one frame's message; False when the outbox is closed (or just overflowed)."""
         if self.closed:
             return False
-        self.generation = generation
+        self.stream_generation = stream_generation
         if not self._queue.empty() and (
             self._queue.qsize() >= self._buffer_frames or self.queued_chars + len(text) > self._buffer_chars
         ):
@@ -182,7 +182,7 @@ class Outbox:
             self._queue.get_nowait()
         self.queued_chars = 0
         self.outcome = "overflow"
-        self._queue.put_nowait(overflow_message(self.generation))
+        self._queue.put_nowait(overflow_message(self.stream_generation))
         self._close(OVERFLOW_CLOSE_CODE)
 
     def abandon(self) -> None:
@@ -206,7 +206,7 @@ class _Relayed(NamedTuple):
     """A frame the hub relayed, as every browser gets it."""
 
     text: str
-    generation: int
+    stream_generation: int
     kind: str | None
 
 
@@ -306,7 +306,7 @@ class Hub:
         outbox.attached.set()
         for index in range(max(0, position - self._first), len(self._recent)):
             relayed = self._recent[index]
-            if not outbox.deliver(relayed.text, relayed.generation, relayed.kind):
+            if not outbox.deliver(relayed.text, relayed.stream_generation, relayed.kind):
                 return
         self.subscribers.add(outbox)
 
@@ -331,7 +331,7 @@ class Hub:
     def _relay(self, frame: transcript_service_pb2.FollowResponse) -> bool:
         """Relay one upstream frame to every subscriber; False when nobody is left to relay to."""
         kind = frame.WhichOneof("frame")
-        relayed = _Relayed(frame_message(frame, kind), frame.generation, kind)
+        relayed = _Relayed(frame_message(frame, kind), frame.stream_generation, kind)
         dropped = [outbox for outbox in self.subscribers if not outbox.deliver(*relayed)]
         for outbox in dropped:
             self.subscribers.discard(outbox)

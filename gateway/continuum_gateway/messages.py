@@ -5,7 +5,7 @@
     GET  /v1/sessions/{session_id}/messages                    ListMessagesAfter
          ?after=<message id>&pageSize=&pageToken=
     GET  /v1/sessions/{session_id}/messages:page               ListMessagePage
-         ?anchor=<message id>&direction=older|newer&pageSize=&generation=&snapshotSeq=
+         ?anchor=<message id>&direction=older|newer&pageSize=&streamGeneration=&snapshotSequence=
     GET  /v1/sessions/{session_id}/messages/{message_id}       GetMessage
     POST /v1/sessions/{session_id}/messages/{message_id}:edit  EditUserMessage
          body {"content": [ContentPart, ...], "expectedHistoryGeneration": "3"}
@@ -14,11 +14,11 @@
 ``.../messages/7:edit`` reaches GetMessage with the id "7:edit" and is refused as an invalid id.
 Message ids are int64, so responses carry them as JSON strings; requests accept both forms.
 
-`:page` takes an optional pin, the ``history`` cursor of a Follow snapshot (``generation``,
-``snapshotSeq``): the page then shows only messages committed at or before ``snapshotSeq``, and if
-the session has left that generation the answer is still 200, with ``"status": "PIN_STATUS_STALE"``
-and no messages (the browser re-follows for a fresh baseline). Otherwise ``status`` is
-``"PIN_STATUS_OK"``; ``generation`` is always the session's current one. The status is the proto
+`:page` takes an optional pin, the ``history`` cursor of a Follow snapshot (``streamGeneration``,
+``snapshotSequence``): the page then shows only messages committed at or before ``snapshotSequence``,
+and if the session has left that stream generation the answer is still 200, with ``"status":
+"PIN_STATUS_STALE"`` and no messages (the browser re-follows for a fresh baseline). Otherwise
+``status`` is ``"PIN_STATUS_OK"``; ``streamGeneration`` is always the session's current one. The status is the proto
 enum name here, as everywhere in the `/v1` routes (only the seed-defined outline lowercases it).
 """
 
@@ -62,8 +62,8 @@ async def list_message_page(request: Request) -> Response:
             "anchor": "anchorMessageId",
             "direction": "direction",
             "pageSize": "pageSize",
-            "generation": "generation",
-            "snapshotSeq": "snapshotSeq",
+            "streamGeneration": "streamGeneration",
+            "snapshotSequence": "snapshotSequence",
         },
         values={"direction": _DIRECTIONS},
     )

@@ -15,7 +15,11 @@ The response has the fields of the seed's API, in proto JSON (int64 values as st
     {"status": "ok" | "stale" | "unsupported", "generation": "3", "snapshotSequence": "41",
      "coverageSequence": "41", "totalTurns": 2, "nextTurn": 0, "done": true,
      "entries": [{"messageId": "7", "turn": 1, "position": "0", "prompt": "...", "answer": "...",
-                  "finalMessageId": "9", "elapsedMs": "1200", "samplingCount": 1, "toolCallCount": 0}]}
+                  "finalMessageId": "9", "elapsed": "1.200s", "samplingCount": 1, "toolCallCount": 0}]}
+
+The seed names the Follow stream generation plainly ``generation`` here (the proto calls it
+``stream_generation``); the route keeps the seed's names in both directions. ``elapsed`` is a proto
+JSON duration (``"1.200s"``).
 
 ``answer``, ``samplingCount`` and ``toolCallCount`` appear only when the backend has them (imports
 without count records do not invent counts); ``entries`` is ``[]`` when empty. ``status`` is the
@@ -31,10 +35,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from continuum.transcript.v1 import transcript_service_pb2
-from continuum_gateway.capabilities import HISTORY_OUTLINE_V1
 from continuum_gateway.errors import GatewayError
 from continuum_gateway.protojson import bind_query, to_json
 from continuum_gateway.upstream import call_transcript
+from continuum_runtime.capabilities import HISTORY_OUTLINE_V1
 
 CAPABILITIES_HEADER = "X-Continuum-Capabilities"
 _PIN_STATUS_PREFIX = "PIN_STATUS_"
@@ -48,6 +52,7 @@ def advertised_capabilities(request: Request) -> set[str]:
 def outline_json(response: transcript_service_pb2.GetHistoryOutlineResponse) -> dict[str, Any]:
     """The browser's form of an outline page: proto JSON, lowercase status, `entries` always present."""
     body = to_json(response)
+    body["generation"] = body.pop("streamGeneration")
     body["status"] = str(body["status"]).removeprefix(_PIN_STATUS_PREFIX).lower()
     body.setdefault("entries", [])
     return body
@@ -62,7 +67,7 @@ async def history_outline(request: Request) -> Response:
             "sessionId": "sessionId",
             "startTurn": "startTurn",
             "limit": "limit",
-            "generation": "generation",
+            "generation": "streamGeneration",
             "snapshotSequence": "snapshotSequence",
         },
     )

@@ -95,19 +95,21 @@ async def test_baseline_snapshot_arrives_as_json_frames_in_order(
         "snapshotRuntime",
         "snapshotEnd",
     ]
-    generation = frames[0]["generation"]
-    assert isinstance(generation, str)  # int64 in proto JSON
-    assert generation.isdigit()
+    stream_generation = frames[0]["streamGeneration"]
+    assert isinstance(stream_generation, str)  # int64 in proto JSON
+    assert stream_generation.isdigit()
     for frame in frames:
-        assert set(frame) == {"type", "generation", frame["type"]}, frame
-        assert frame["generation"] == generation
+        assert set(frame) == {"type", "streamGeneration", frame["type"]}, frame
+        assert frame["streamGeneration"] == stream_generation
     handshake = frames[0]["handshake"]
     assert (handshake["protocol"], handshake["mode"]) == ("transcript-v2", "FOLLOW_MODE_BASELINE")
     records = frames[2]["snapshotRecords"]
     assert [m["messageId"] for m in records["messages"]] == [str(i) for i in ids]
     assert [m["content"][0]["text"] for m in records["messages"]] == ["first", "second"]
     assert records["hasOlder"] is False
-    assert records["history"]["snapshotSeq"] == frames[1]["snapshotBegin"]["seq"] == frames[4]["snapshotEnd"]["seq"]
+    assert (
+        records["history"]["snapshotSequence"] == frames[1]["snapshotBegin"]["seq"] == frames[4]["snapshotEnd"]["seq"]
+    )
 
 
 async def test_published_frames_are_relayed_one_to_one(
@@ -170,7 +172,7 @@ async def test_resume_cursor_from_the_hello_reaches_transcript(
     async with follower(live, session_id, ALICE_TOKEN) as websocket:
         end = (await receive_frames(websocket, {"snapshotEnd"}))[-1]
     await transcript_client.append(session_id, "two")
-    hello = {**HELLO, "resume": {"generation": end["generation"], "seq": end["snapshotEnd"]["seq"]}}
+    hello = {**HELLO, "resume": {"streamGeneration": end["streamGeneration"], "seq": end["snapshotEnd"]["seq"]}}
     async with follower(live, session_id, ALICE_TOKEN, hello=hello) as websocket:
         frames = await receive_frames(websocket, {"batch"})
     assert [f["type"] for f in frames] == ["handshake", "batch"]
@@ -194,10 +196,10 @@ async def test_upstream_resync_is_relayed_then_the_socket_closes_normally(
     assert [m["type"] for m in rest] == ["resync"]
     assert rest[0]["resync"] == {"reason": "RESYNC_REASON_REWRITE", "resumable": False}
     assert code == 1000
-    # The browser re-follows and gets the new generation's baseline.
+    # The browser re-follows and gets the new stream generation's baseline.
     async with follower(live, session_id, ALICE_TOKEN) as websocket:
         again = await receive_frames(websocket, {"snapshotEnd"})
-    assert int(again[0]["generation"]) > int(baseline[0]["generation"])
+    assert int(again[0]["streamGeneration"]) > int(baseline[0]["streamGeneration"])
     assert again[2]["snapshotRecords"]["messages"][0]["content"][0]["text"] == "edited"
 
 
@@ -454,7 +456,7 @@ async def test_a_browser_that_stops_reading_gets_an_overflow_resync_and_4429(
     assert code == 4429
     assert messages[-1] == {
         "type": "resync",
-        "generation": messages[0]["generation"],
+        "streamGeneration": messages[0]["streamGeneration"],
         "resync": {"reason": "RESYNC_REASON_OVERFLOW", "resumable": True},
     }
     # What did arrive is an unbroken prefix of the stream; the rest was dropped, not reordered.

@@ -65,28 +65,28 @@ class _RpcError(grpc.aio.AioRpcError):
 
 
 def handshake() -> Frame:
-    return Frame(generation=GENERATION, handshake=follow_pb2.HandshakeFrame(protocol="transcript-v2"))
+    return Frame(stream_generation=GENERATION, handshake=follow_pb2.HandshakeFrame(protocol="transcript-v2"))
 
 
 def snapshot_end(seq: int) -> Frame:
-    return Frame(generation=GENERATION, snapshot_end=follow_pb2.SnapshotEndFrame(seq=seq))
+    return Frame(stream_generation=GENERATION, snapshot_end=follow_pb2.SnapshotEndFrame(seq=seq))
 
 
 def batch(seq: int) -> Frame:
-    return Frame(generation=GENERATION, batch=follow_pb2.BatchFrame(base_seq=seq - 1, seq=seq))
+    return Frame(stream_generation=GENERATION, batch=follow_pb2.BatchFrame(base_seq=seq - 1, seq=seq))
 
 
 def chunk(index: int) -> Frame:
     ref = follow_pb2.AttemptRef(message_key="m", attempt=1)
-    return Frame(generation=GENERATION, chunk=transcript_service_pb2.ChunkFrame(attempt=ref, chunk_index=index))
+    return Frame(stream_generation=GENERATION, chunk=transcript_service_pb2.ChunkFrame(attempt=ref, chunk_index=index))
 
 
 def heartbeat(seq: int) -> Frame:
-    return Frame(generation=GENERATION, heartbeat=follow_pb2.HeartbeatFrame(commit_seq=seq, durable_seq=seq))
+    return Frame(stream_generation=GENERATION, heartbeat=follow_pb2.HeartbeatFrame(commit_seq=seq, durable_seq=seq))
 
 
 def resync(reason: int = follow_pb2.RESYNC_REASON_REWRITE) -> Frame:
-    return Frame(generation=GENERATION, resync=follow_pb2.ResyncFrame(reason=reason))  # type: ignore[arg-type]
+    return Frame(stream_generation=GENERATION, resync=follow_pb2.ResyncFrame(reason=reason))  # type: ignore[arg-type]
 
 
 REQUEST = transcript_service_pb2.FollowRequest(session_id="s1", capabilities=["transcript-v2"])
@@ -135,7 +135,7 @@ class Private:
         """True when the browser switched to the hub with this frame."""
         kind = frame.WhichOneof("frame")
         assert not self.outbox.attached.is_set()
-        assert self.outbox.deliver(frame_message(frame, kind), frame.generation, kind)
+        assert self.outbox.deliver(frame_message(frame, kind), frame.stream_generation, kind)
         if kind in ("handshake", "snapshot_end", "heartbeat"):
             return False
         return self.hub.align(self.outbox, alignment_key(frame, kind))

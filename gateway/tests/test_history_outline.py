@@ -187,12 +187,12 @@ async def test_a_pinned_page_shows_its_cut_then_turns_stale(gateway: httpx.Async
     latest = await gateway.get(page_url, headers=ALICE)
     assert latest.status_code == 200, latest.text
     assert latest.json()["status"] == "PIN_STATUS_OK"
-    generation = latest.json()["generation"]
+    generation = latest.json()["streamGeneration"]
     cut = (await _outline(gateway, WITH_OUTLINE, sessionId=session_id))["snapshotSequence"]
     await gateway.post(
         f"/v1/sessions/{session_id}/messages", headers=ALICE, json={"messages": [_message("ASSISTANT", "late")]}
     )
-    pin = {"generation": generation, "snapshotSeq": cut}
+    pin = {"streamGeneration": generation, "snapshotSequence": cut}
     pinned = await gateway.get(page_url, headers=ALICE, params=pin)
     assert pinned.status_code == 200, pinned.text
     assert pinned.json()["status"] == "PIN_STATUS_OK"
@@ -208,16 +208,16 @@ async def test_a_pinned_page_shows_its_cut_then_turns_stale(gateway: httpx.Async
     assert stale.status_code == 200, stale.text
     assert stale.json()["status"] == "PIN_STATUS_STALE"
     assert stale.json()["messages"] == []
-    assert int(stale.json()["generation"]) > int(generation)
+    assert int(stale.json()["streamGeneration"]) > int(generation)
 
 
 async def test_a_malformed_pin_is_400(gateway: httpx.AsyncClient) -> None:
     session_id, _ = await _session(gateway)
     response = await gateway.get(
-        f"/v1/sessions/{session_id}/messages:page", headers=ALICE, params={"snapshotSeq": "latest"}
+        f"/v1/sessions/{session_id}/messages:page", headers=ALICE, params={"snapshotSequence": "latest"}
     )
     error = assert_error(response, 400, "INVALID_ARGUMENT")
-    assert [v["field"] for v in violations(error)] == ["snapshotSeq"]
+    assert [v["field"] for v in violations(error)] == ["snapshotSequence"]
 
 
 async def test_capabilities_are_advertised(gateway: httpx.AsyncClient) -> None:

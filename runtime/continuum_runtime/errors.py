@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import grpc
 from google.protobuf import any_pb2
@@ -24,12 +25,26 @@ class FieldViolation:
 
 
 class ServiceError(Exception):
-    """A failure the caller should see, with a canonical code and a machine-readable reason."""
+    """A failure the caller should see, with a canonical code and a machine-readable reason.
+
+    Each service's root error type sets `reasons` to its proto package's ErrorReason enum: every
+    `reason` of the service's errors must then be one of that enum's value names (checked when the
+    class is defined), so the contract lists every reason a client can meet.
+    """
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
     reason: str = "INTERNAL"
     # Set by each service's root error type, e.g. "transcript.continuum".
     domain: str = "continuum"
+    # The service's ErrorReason enum (a generated EnumTypeWrapper); None in the runtime's own types.
+    reasons: ClassVar[Any] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.reasons is not None and cls.reason not in cls.reasons.DESCRIPTOR.values_by_name:
+            raise TypeError(
+                f"{cls.__name__}.reason {cls.reason!r} is not a value of {cls.reasons.DESCRIPTOR.full_name}"
+            )
 
     def __init__(
         self,

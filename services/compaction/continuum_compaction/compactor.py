@@ -24,13 +24,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from continuum.compaction.events.v1 import events_pb2
 from continuum.compaction.v1 import compaction_service_pb2 as api
-from continuum.compaction.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum_compaction import store
-from continuum_compaction.announce import Announcer, outcome_name, trigger_name
+from continuum_compaction.announce import Announcer
 from continuum_compaction.clock import now_ms
-from continuum_compaction.convert import event_message
+from continuum_compaction.convert import event_message, outcome_name, trigger_name
 from continuum_compaction.cuts import Unit, batches, plan_cut, safe_boundary, should_compact
 from continuum_compaction.facts import Fact, preserved_facts
 from continuum_compaction.history import LoadedHistory, load_history
@@ -75,7 +75,7 @@ class Baseline:
 class Attempt:
     """How a compaction is asked for."""
 
-    mode: pb.TriggerMode.ValueType
+    mode: events_pb2.TriggerMode.ValueType
     run_id: str
     # Bypass only the threshold (manual compaction).
     force: bool
@@ -140,7 +140,7 @@ class Compactor:
         settings = self._settings
         plan = plan_cut(baseline.history, settings.recent_turns, attempt.mid_loop)
         report = api.CompactionReport(
-            outcome=pb.COMPACTION_OUTCOME_NOT_TRIGGERED,
+            outcome=events_pb2.COMPACTION_OUTCOME_NOT_TRIGGERED,
             boundary_before=baseline.boundary,
             boundary_after=baseline.boundary,
             boundary_was_invalid=baseline.boundary_was_invalid,
@@ -158,7 +158,7 @@ class Compactor:
         report.trigger_mode = attempt.mode
         run = _Run(session.session_id, attempt, baseline, time.monotonic())
         if not plan.candidates:
-            report.outcome = pb.COMPACTION_OUTCOME_NOTHING_TO_COMPACT
+            report.outcome = events_pb2.COMPACTION_OUTCOME_NOTHING_TO_COMPACT
             await self._finish(run, report, baseline, announcer)
             return baseline, report
         await announcer.started(attempt.mode, attempt.run_id, baseline.boundary)
@@ -168,8 +168,8 @@ class Compactor:
             # The request still gets a correct context (the summary it started from and everything
             # after it); the attempt is recorded and announced as failed unless it already persisted.
             logger.warning("compaction failed", extra={"session_id": session.session_id, "error": type(error).__name__})
-            if report.outcome != pb.COMPACTION_OUTCOME_COMPACTED:
-                report.outcome = pb.COMPACTION_OUTCOME_FAILED
+            if report.outcome != events_pb2.COMPACTION_OUTCOME_COMPACTED:
+                report.outcome = events_pb2.COMPACTION_OUTCOME_FAILED
                 with contextlib.suppress(Exception):
                     await self._finish(run, report, baseline, announcer)
             return baseline, report
@@ -187,14 +187,14 @@ class Compactor:
         if max(max(unit.ids) for unit in candidates) < session.compaction_fence_message_id:
             # Another compaction fenced past everything this one could summarize and is persisting
             # (or crashed before it could; the next compaction that reaches further moves on).
-            report.outcome = pb.COMPACTION_OUTCOME_CONFLICT
+            report.outcome = events_pb2.COMPACTION_OUTCOME_CONFLICT
             reloaded = await self.load(user, session.session_id)
             await self._finish(run, report, reloaded, announcer)
             return reloaded, report
         done, run.failed = await self._summarize(baseline.summary, candidates)
         chosen = _largest_safe_prefix(baseline.history, done)
         if chosen is None:
-            report.outcome = pb.COMPACTION_OUTCOME_FAILED
+            report.outcome = events_pb2.COMPACTION_OUTCOME_FAILED
             await self._finish(run, report, baseline, announcer)
             return baseline, report
         boundary, summary, run.succeeded = chosen
@@ -223,7 +223,7 @@ class Compactor:
                     )
                 persisted = await self._persist(new, run, report)
             except HistoryRewritten:
-                report.outcome = pb.COMPACTION_OUTCOME_HISTORY_REWRITTEN
+                report.outcome = events_pb2.COMPACTION_OUTCOME_HISTORY_REWRITTEN
                 reloaded = await self.load(user, session.session_id)
                 await self._finish(run, report, reloaded, announcer)
                 return reloaded, report
@@ -231,7 +231,7 @@ class Compactor:
                 persisted = None
         if persisted is None:
             # Never resubmit this result against the newer boundary: it did not fold that summary in.
-            report.outcome = pb.COMPACTION_OUTCOME_CONFLICT
+            report.outcome = events_pb2.COMPACTION_OUTCOME_CONFLICT
             reloaded = await self.load(user, session.session_id)
             await self._finish(run, report, reloaded, announcer)
             return reloaded, report
@@ -291,7 +291,7 @@ class Compactor:
             record = await store.persist_summary(connection, new, now_ms())
             if record is None:
                 return None
-            report.outcome = pb.COMPACTION_OUTCOME_COMPACTED
+            report.outcome = events_pb2.COMPACTION_OUTCOME_COMPACTED
             tail = sum(message.tokens for message in run.before.history.view if message.message_id > new.boundary)
             row = run.event(
                 report,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
+from continuum.compaction.events.v1 import events_pb2
 from continuum.compaction.v1 import compaction_service_pb2 as api
-from continuum.compaction.v1 import resources_pb2 as pb
 from continuum_compaction import store, validation
 from continuum_compaction.announce import Announcer
 from continuum_compaction.clock import now_ms
@@ -50,9 +50,9 @@ class ContextBuilder:
         announcer = Announcer(self._transcript, user, session_id)
         attempt: Attempt | None = None
         if signalled:
-            attempt = Attempt(pb.TRIGGER_MODE_MANUAL, run_id, force=True, mid_loop=True, window_tokens=window)
+            attempt = Attempt(events_pb2.TRIGGER_MODE_MANUAL, run_id, force=True, mid_loop=True, window_tokens=window)
         elif self._settings.auto_compaction and not request.skip_auto_compaction:
-            mode = pb.TRIGGER_MODE_MID_LOOP if mid_loop else pb.TRIGGER_MODE_REQUEST_START
+            mode = events_pb2.TRIGGER_MODE_MID_LOOP if mid_loop else events_pb2.TRIGGER_MODE_REQUEST_START
             attempt = Attempt(mode, run_id, force=False, mid_loop=mid_loop, window_tokens=window)
         try:
             baseline = await self._compactor.load_from(user, session_id, record)
@@ -65,7 +65,7 @@ class ContextBuilder:
             raise
         if attempt is None:
             report = api.CompactionReport(
-                outcome=pb.COMPACTION_OUTCOME_NOT_TRIGGERED,
+                outcome=events_pb2.COMPACTION_OUTCOME_NOT_TRIGGERED,
                 boundary_before=baseline.boundary,
                 boundary_after=baseline.boundary,
                 boundary_was_invalid=baseline.boundary_was_invalid,

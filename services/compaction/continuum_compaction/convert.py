@@ -5,10 +5,27 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from google.protobuf import timestamp_pb2
+from google.protobuf import duration_pb2, timestamp_pb2
 
+from continuum.compaction.events.v1 import events_pb2
 from continuum.compaction.v1 import resources_pb2 as pb
 from continuum_compaction import store
+
+
+def trigger_name(mode: events_pb2.TriggerMode.ValueType) -> str:
+    """`request_start`, `mid_loop` or `manual`, as stored."""
+    return events_pb2.TriggerMode.Name(mode).removeprefix("TRIGGER_MODE_").lower()
+
+
+def outcome_name(outcome: events_pb2.CompactionOutcome.ValueType) -> str:
+    """`compacted`, `conflict`, ... as stored."""
+    return events_pb2.CompactionOutcome.Name(outcome).removeprefix("COMPACTION_OUTCOME_").lower()
+
+
+def _duration(ms: int) -> duration_pb2.Duration:
+    duration = duration_pb2.Duration()
+    duration.FromMilliseconds(ms)
+    return duration
 
 
 def _timestamp(ms: int) -> timestamp_pb2.Timestamp:
@@ -37,14 +54,14 @@ def event_message(row: Mapping[str, Any], *, include_summary: bool) -> pb.Compac
     return pb.CompactionEvent(
         event_id=row["event_id"],
         session_id=row["session_id"],
-        trigger_mode=pb.TriggerMode.Value(f"TRIGGER_MODE_{row['trigger_mode'].upper()}"),
-        outcome=pb.CompactionOutcome.Value(f"COMPACTION_OUTCOME_{row['outcome'].upper()}"),
+        trigger_mode=events_pb2.TriggerMode.Value(f"TRIGGER_MODE_{row['trigger_mode'].upper()}"),
+        outcome=events_pb2.CompactionOutcome.Value(f"COMPACTION_OUTCOME_{row['outcome'].upper()}"),
         boundary_before=row["boundary_before"],
         boundary_after=row["boundary_after"],
         estimated_tokens_before=row["tokens_before"],
         estimated_tokens_after=row["tokens_after"],
         model=row["model"],
-        duration_ms=row["duration_ms"],
+        duration=_duration(row["duration_ms"]),
         batches_succeeded=row["batches_succeeded"],
         batches_failed=row["batches_failed"],
         facts_found=row["facts_found"],

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import grpc
 
+from continuum.compaction.v1 import error_reason_pb2
 from continuum_runtime.errors import ErrorDetails, InvalidArgument, ServiceError
 
 DOMAIN = "compaction.continuum"
 
 
 class CompactionError(ServiceError):
-    """Root of every error compaction reports."""
+    """Root of every error compaction reports; its own reasons are values of compaction's ErrorReason."""
 
     domain = DOMAIN
+    reasons = error_reason_pb2.ErrorReason
 
 
 class BadRequest(InvalidArgument, CompactionError):

@@ -12,8 +12,8 @@ import contextlib
 import logging
 import uuid
 
+from continuum.compaction.events.v1 import events_pb2
 from continuum.compaction.v1 import compaction_service_pb2 as api
-from continuum.compaction.v1 import resources_pb2 as pb
 from continuum_compaction import store, validation
 from continuum_compaction.announce import Announcer
 from continuum_compaction.clock import now_ms
@@ -64,7 +64,7 @@ class ManualCompaction:
         renewing = asyncio.create_task(self._keep_claim(user, claim_id, ttl))
         try:
             baseline = await self._compactor.load(user, session_id)
-            attempt = Attempt(pb.TRIGGER_MODE_MANUAL, holder, force=True, mid_loop=False, window_tokens=window)
+            attempt = Attempt(events_pb2.TRIGGER_MODE_MANUAL, holder, force=True, mid_loop=False, window_tokens=window)
             announcer = Announcer(self._transcript, user, session_id)
             baseline, report = await self._compactor.compact(user, session, baseline, attempt, announcer)
             # No runtime is running to send a request: announce what the history now weighs, so a

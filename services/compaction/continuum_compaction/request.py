@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from google.protobuf import json_format
 
+from continuum.compaction.events.v1 import events_pb2
 from continuum.compaction.v1 import compaction_service_pb2 as api
-from continuum.compaction.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum_compaction.history import LoadedHistory
 from continuum_compaction.summarizer import summary_message_text
@@ -29,7 +29,7 @@ class ModelRequest:
 
     system_prompt: str
     messages: list[tpb.Message]
-    manifest: pb.ContextManifest
+    manifest: events_pb2.ContextManifest
 
 
 def memory_section_text(entries: Sequence[api.MemoryEntry], after_other_sections: bool) -> str:
@@ -51,7 +51,7 @@ def build_request(
     """Assemble the request, then describe it. `memory` is empty when injection is off."""
     texts = [section.text for section in sections]
     stats = [
-        pb.ContextSection(
+        events_pb2.ContextSection(
             key=f"system:{section.key}", label=section.label, estimated_tokens=estimate_tokens(section.text)
         )
         for section in sections
@@ -60,7 +60,7 @@ def build_request(
         text = memory_section_text(memory, after_other_sections=bool(texts))
         texts.append(text)
         stats.append(
-            pb.ContextSection(
+            events_pb2.ContextSection(
                 key=MEMORY_KEY, label=MEMORY_LABEL, estimated_tokens=estimate_tokens(text), count=len(memory)
             )
         )
@@ -77,7 +77,7 @@ def build_request(
             )
         )
         stats.append(
-            pb.ContextSection(
+            events_pb2.ContextSection(
                 key="summary",
                 label="Session summary",
                 estimated_tokens=estimate_message_tokens("system", summary_text),
@@ -86,9 +86,11 @@ def build_request(
         )
     messages.extend(loaded.message for loaded in history.view)
     stats.append(
-        pb.ContextSection(key="messages", label="Messages", estimated_tokens=history.tokens, count=len(history.view))
+        events_pb2.ContextSection(
+            key="messages", label="Messages", estimated_tokens=history.tokens, count=len(history.view)
+        )
     )
-    manifest = pb.ContextManifest(
+    manifest = events_pb2.ContextManifest(
         sections=stats,
         memory_ids=[entry.memory_id for entry in memory],
         effective_window_tokens=window_tokens,
@@ -98,7 +100,7 @@ def build_request(
     return ModelRequest("".join(texts), messages, bounded(manifest, manifest_max_bytes))
 
 
-def manifest_json(manifest: pb.ContextManifest) -> str:
+def manifest_json(manifest: events_pb2.ContextManifest) -> str:
     """The manifest as published in `context_window` events (and measured against the size bound)."""
     return json_format.MessageToJson(manifest, indent=None)
 
@@ -108,16 +110,16 @@ def manifest_json(manifest: pb.ContextManifest) -> str:
 SHORT_LABEL_CHARS = 16
 
 
-def _size(manifest: pb.ContextManifest) -> int:
+def _size(manifest: events_pb2.ContextManifest) -> int:
     return len(manifest_json(manifest).encode())
 
 
-def bounded(manifest: pb.ContextManifest, max_bytes: int) -> pb.ContextManifest:
+def bounded(manifest: events_pb2.ContextManifest, max_bytes: int) -> events_pb2.ContextManifest:
     """Fit the serialized manifest in `max_bytes`: drop memory ids from the end first, then shorten
     the section labels, then drop them. Keys and figures always stay."""
     if _size(manifest) <= max_bytes:
         return manifest
-    trimmed = pb.ContextManifest()
+    trimmed = events_pb2.ContextManifest()
     trimmed.CopyFrom(manifest)
     trimmed.trimmed = True
     while trimmed.memory_ids and _size(trimmed) > max_bytes:

@@ -6,13 +6,13 @@ Every failure becomes a compaction error here, so callers never see a raw `AioRp
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import grpc
-from google.protobuf import duration_pb2, struct_pb2
+from google.protobuf import duration_pb2
 from google.protobuf.message import Message as ProtoMessage
 
+from continuum.transcript.v1 import error_reason_pb2 as transcript_reasons
 from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as api
@@ -25,6 +25,11 @@ from continuum_runtime.errors import error_details
 R = TypeVar("R")
 # ListMessagesAfter's largest page: fewer round trips for a long tail.
 PAGE_SIZE = 1000
+
+
+def _refused_for(refused: TranscriptRefused, *reasons: transcript_reasons.ErrorReason.ValueType) -> bool:
+    """Whether transcript refused with one of `reasons` (values of its ErrorReason enum)."""
+    return refused.reason in {transcript_reasons.ErrorReason.Name(reason) for reason in reasons}
 
 
 class HistoryRewritten(Exception):
@@ -42,14 +47,6 @@ class SessionRunning(Exception):
         super().__init__(holder_kind)
         self.holder_kind = holder_kind
         self.holder = holder
-
-
-@dataclass(frozen=True)
-class RuntimeEventOut:
-    """A runtime event to publish into the session's Follow stream."""
-
-    kind: str
-    payload: dict[str, Any]
 
 
 class TranscriptClient:
@@ -96,7 +93,7 @@ class TranscriptClient:
                 self._stub.GetMessage, api.GetMessageRequest(session_id=session_id, message_id=message_id), user
             )
         except TranscriptRefused as refused:
-            if refused.code == grpc.StatusCode.NOT_FOUND and refused.reason == "MESSAGE_NOT_FOUND":
+            if _refused_for(refused, transcript_reasons.MESSAGE_NOT_FOUND):
                 return None
             raise
         return response.message
@@ -129,9 +126,9 @@ class TranscriptClient:
         try:
             await self._call(self._stub.SetCompactionFence, request, user)
         except TranscriptRefused as refused:
-            if refused.reason == "HISTORY_REWRITTEN":
+            if _refused_for(refused, transcript_reasons.HISTORY_REWRITTEN):
                 raise HistoryRewritten(session_id) from refused
-            if refused.reason == "COMPACTION_FENCE_MOVED":
+            if _refused_for(refused, transcript_reasons.COMPACTION_FENCE_MOVED):
                 raise FenceMoved(session_id) from refused
             raise
 
@@ -146,7 +143,7 @@ class TranscriptClient:
         try:
             response: api.AcquireClaimsResponse = await self._call(self._stub.AcquireClaims, request, user)
         except TranscriptRefused as refused:
-            if refused.reason in ("SESSION_ALREADY_RUNNING", "SESSION_BUSY"):
+            if _refused_for(refused, transcript_reasons.SESSION_ALREADY_RUNNING, transcript_reasons.SESSION_BUSY):
                 raise SessionRunning(refused.metadata.get("holder_kind", ""), refused.metadata.get("holder", "")) from (
                     refused
                 )
@@ -162,13 +159,9 @@ class TranscriptClient:
         """Release a claim (releasing an expired one succeeds)."""
         await self._call(self._stub.ReleaseClaims, api.ReleaseClaimsRequest(claim_id=claim_id), user)
 
-    async def publish_events(self, user: str, session_id: str, events: Sequence[RuntimeEventOut]) -> None:
-        """Publish runtime events (compaction start/end/marker, context_window) into the Follow stream."""
-        operations = []
-        for event in events:
-            payload = struct_pb2.Struct()
-            payload.update(event.payload)
-            operations.append(api.BatchOperation(event=fpb.RuntimeEvent(kind=event.kind, payload=payload)))
+    async def publish_events(self, user: str, session_id: str, events: Sequence[fpb.RuntimeEvent]) -> None:
+        """Publish runtime events (compaction start/end/marker, context window) into the Follow stream."""
+        operations = [api.BatchOperation(event=event) for event in events]
         await self._call(
             self._stub.PublishBatch, api.PublishBatchRequest(session_id=session_id, operations=operations), user
         )

@@ -12,16 +12,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import grpc
-from google.protobuf import json_format
 from pydantic import SecretStr
 from sqlalchemy import text
 from transcript_testing import SERVICE_TOKEN, Follower, TranscriptClient, running_transcript
 
 from continuum.compaction.v1 import compaction_service_pb2 as api
 from continuum.compaction.v1 import compaction_service_pb2_grpc as api_grpc
+from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as tapi
 from continuum_compaction.server import start
@@ -226,13 +225,13 @@ async def eventually(probe: Callable[[], object], seconds: float = 10.0) -> None
         await asyncio.sleep(0.05)
 
 
-async def runtime_events(follower: Follower, count: int) -> list[tuple[str, dict[str, Any]]]:
-    """The next `count` runtime events a Follow stream shows, as (kind, payload) pairs."""
-    events: list[tuple[str, dict[str, Any]]] = []
+async def runtime_events(follower: Follower, count: int) -> list[fpb.RuntimeEvent]:
+    """The next `count` runtime events a Follow stream shows."""
+    events: list[fpb.RuntimeEvent] = []
     while len(events) < count:
         frame = await follower.next()
         if frame.WhichOneof("frame") == "batch":
-            events += [(event.kind, json_format.MessageToDict(event.payload)) for event in frame.batch.events]
+            events += frame.batch.events
     return events
 
 

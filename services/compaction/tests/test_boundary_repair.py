@@ -10,7 +10,7 @@ import pytest
 from compaction_testing import Stack, running_stack
 from transcript_testing import assistant, user
 
-from continuum.compaction.v1 import resources_pb2 as pb
+from continuum.compaction.events.v1 import events_pb2
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as tapi
 
@@ -47,7 +47,7 @@ async def test_invalid_boundary_falls_back_to_full_history_without_compacting(
             response = await stack.build("s1")
 
         assert response.compaction.boundary_was_invalid
-        assert response.compaction.outcome == pb.COMPACTION_OUTCOME_NOT_TRIGGERED
+        assert response.compaction.outcome == events_pb2.COMPACTION_OUTCOME_NOT_TRIGGERED
         assert [m.message_id for m in response.messages] == ids
         assert all("STALE SUMMARY" not in part.text for m in response.messages for part in m.content)
         assert await stack.record_rows("s1") == []
@@ -68,7 +68,7 @@ async def test_invalid_boundary_compacts_again_once_when_the_trigger_holds(
         response = await stack.build("s1")
 
         assert response.compaction.boundary_was_invalid
-        assert response.compaction.outcome == pb.COMPACTION_OUTCOME_COMPACTED
+        assert response.compaction.outcome == events_pb2.COMPACTION_OUTCOME_COMPACTED
         assert len(stack.provider.summarize_calls()) == 1
         rows = await stack.record_rows("s1")
         assert rows[0][0] == response.boundary_message_id

@@ -8,8 +8,8 @@ import pytest
 from compaction_testing import RecordingProxy, ScriptedProvider, Stack, running_stack, summarized_ids
 from transcript_testing import assistant, tool, user
 
+from continuum.compaction.events.v1 import events_pb2
 from continuum.compaction.v1 import compaction_service_pb2 as api
-from continuum.compaction.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as tapi
 
@@ -39,8 +39,8 @@ async def _first_compaction(stack: Stack) -> None:
 
     response = await stack.build("s1")
 
-    assert response.compaction.outcome == pb.COMPACTION_OUTCOME_COMPACTED
-    assert response.compaction.trigger_mode == pb.TRIGGER_MODE_REQUEST_START
+    assert response.compaction.outcome == events_pb2.COMPACTION_OUTCOME_COMPACTED
+    assert response.compaction.trigger_mode == events_pb2.TRIGGER_MODE_REQUEST_START
     assert response.compaction.boundary_after == second[-1]
     assert second[-1] - first[-1] > 2  # really non-contiguous
     assert (await stack.record_rows("s1"))[0][0] == second[-1]
@@ -66,7 +66,7 @@ async def test_later_requests_load_only_messages_after_the_boundary_of_this_sess
     assert all(message.session_id == "s1" for message in response.messages)
     assert ids_of(response) == [i for i in [*ids_of(compacted), *tail] if i > boundary]
     assert response.messages[0].role == tpb.MESSAGE_ROLE_SYSTEM
-    assert response.compaction.outcome == pb.COMPACTION_OUTCOME_NOT_TRIGGERED
+    assert response.compaction.outcome == events_pb2.COMPACTION_OUTCOME_NOT_TRIGGERED
 
 
 async def test_existing_summary_is_injected_when_auto_compaction_is_off(tmp_path: Path, database_url: str) -> None:
@@ -78,7 +78,7 @@ async def test_existing_summary_is_injected_when_auto_compaction_is_off(tmp_path
         response = await stack.build("s1")
 
         assert stack.provider.calls == []
-        assert response.compaction.outcome == pb.COMPACTION_OUTCOME_NOT_TRIGGERED
+        assert response.compaction.outcome == events_pb2.COMPACTION_OUTCOME_NOT_TRIGGERED
         assert "the earlier work" in response.messages[0].content[0].text
         assert ids_of(response) == [ids[2]]
 
@@ -103,7 +103,7 @@ async def test_summary_is_reused_when_this_request_does_not_compact(tmp_path: Pa
 
         response = await stack.build("s1")
 
-        assert response.compaction.outcome == pb.COMPACTION_OUTCOME_NOT_TRIGGERED
+        assert response.compaction.outcome == events_pb2.COMPACTION_OUTCOME_NOT_TRIGGERED
         assert stack.provider.calls == []
         assert "kept summary" in response.messages[0].content[0].text
         assert ids_of(response) == [ids[2]]
@@ -162,8 +162,8 @@ async def test_only_the_current_turn_means_nothing_to_compact(stack: Stack) -> N
 
     assert stack.provider.calls == []
     assert response.compaction.outcome in (
-        pb.COMPACTION_OUTCOME_NOT_TRIGGERED,
-        pb.COMPACTION_OUTCOME_NOTHING_TO_COMPACT,
+        events_pb2.COMPACTION_OUTCOME_NOT_TRIGGERED,
+        events_pb2.COMPACTION_OUTCOME_NOTHING_TO_COMPACT,
     )
     assert (await stack.record_rows("s1")) == []
 
@@ -181,7 +181,7 @@ async def test_a_failing_middle_batch_keeps_the_successful_prefix(tmp_path: Path
 
         # Batch 2 failed, so batch 3 was never attempted; batch 1 is persisted.
         assert len(provider.calls) == 2
-        assert response.compaction.outcome == pb.COMPACTION_OUTCOME_COMPACTED
+        assert response.compaction.outcome == events_pb2.COMPACTION_OUTCOME_COMPACTED
         assert response.boundary_message_id == first[-1]
         assert ids_of(response) == [*second, *third, *current]
 
@@ -225,7 +225,7 @@ async def test_no_safe_prefix_persists_nothing_and_pays_for_no_summary(tmp_path:
         response = await stack.build("s1")
 
         assert stack.provider.calls == []
-        assert response.compaction.outcome == pb.COMPACTION_OUTCOME_NOT_TRIGGERED
+        assert response.compaction.outcome == events_pb2.COMPACTION_OUTCOME_NOT_TRIGGERED
         assert (await stack.record_rows("s1")) == []
 
 
@@ -278,7 +278,7 @@ async def test_a_compacting_request_reads_the_session_once_and_trusts_the_bounda
 
         response = await stack.build("s1")
 
-        assert response.compaction.outcome == pb.COMPACTION_OUTCOME_COMPACTED
+        assert response.compaction.outcome == events_pb2.COMPACTION_OUTCOME_COMPACTED
         assert response.boundary_message_id == ids[3]
         names = [name for name, _ in proxy.calls]
         assert names.count("GetSession") == 1

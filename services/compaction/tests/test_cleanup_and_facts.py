@@ -10,7 +10,7 @@ from pathlib import Path
 from compaction_testing import ScriptedProvider, Stack, eventually, running_stack
 from transcript_testing import assistant, tool, user
 
-from continuum.compaction.v1 import resources_pb2 as pb
+from continuum.compaction.events.v1 import events_pb2
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as tapi
 from continuum_compaction.cleanup import reconcile
@@ -95,7 +95,7 @@ async def test_the_offline_provider_compacts_end_to_end(tmp_path: Path, database
         await stack.append("s1", assistant("ok"), user("and more"))
         second = await stack.build("s1", run_id="run-2")
 
-        assert first.compaction.outcome == second.compaction.outcome == pb.COMPACTION_OUTCOME_COMPACTED
+        assert first.compaction.outcome == second.compaction.outcome == events_pb2.COMPACTION_OUTCOME_COMPACTED
         summary = second.messages[0].content[0].text
         assert "offline provider" in summary
         # Folded forward: what the first batch found is still there after the second.
@@ -137,7 +137,7 @@ async def test_preserved_facts_survive_the_next_compaction(tmp_path: Path, datab
 
         second = await stack.build("s1", run_id="run-2")
 
-        assert second.compaction.outcome == pb.COMPACTION_OUTCOME_COMPACTED
+        assert second.compaction.outcome == events_pb2.COMPACTION_OUTCOME_COMPACTED
         assert "- path: lib/core.rs" in second.messages[0].content[0].text
 
 
@@ -150,7 +150,7 @@ async def test_a_failed_corrective_retry_keeps_the_first_summary(tmp_path: Path,
         response = await stack.build("s1")
 
         assert len(provider.calls) == 2
-        assert response.compaction.outcome == pb.COMPACTION_OUTCOME_COMPACTED
+        assert response.compaction.outcome == events_pb2.COMPACTION_OUTCOME_COMPACTED
         summary = response.messages[0].content[0].text
         assert "Forgetful summary." in summary and "- path: app/main.py" in summary
 
@@ -167,6 +167,6 @@ async def test_a_turn_too_large_for_the_model_is_summarized_with_shorter_clips(
 
         response = await stack.build("s1")
 
-        assert response.compaction.outcome == pb.COMPACTION_OUTCOME_COMPACTED
+        assert response.compaction.outcome == events_pb2.COMPACTION_OUTCOME_COMPACTED
         assert response.boundary_message_id == calls[-1]
         assert len(provider.calls) == 2  # refused once, accepted with shorter clips

@@ -17,9 +17,10 @@ from compaction_testing import (
     runtime_events,
     summarized_ids,
 )
-from google.protobuf import duration_pb2, json_format
+from google.protobuf import duration_pb2
 from transcript_testing import Follower, assistant, refused, tool, user
 
+from continuum.compaction.events.v1 import events_pb2
 from continuum.compaction.v1 import compaction_service_pb2 as api
 from continuum.compaction.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import resources_pb2 as tpb
@@ -79,12 +80,12 @@ async def test_idle_manual_compaction_holds_a_claim_and_bypasses_only_the_thresh
         response = await compacting
 
         assert response.state == api.COMPACT_NOW_STATE_COMPLETED
-        assert response.report.outcome == pb.COMPACTION_OUTCOME_COMPACTED
-        assert response.report.trigger_mode == pb.TRIGGER_MODE_MANUAL
+        assert response.report.outcome == events_pb2.COMPACTION_OUTCOME_COMPACTED
+        assert response.report.trigger_mode == events_pb2.TRIGGER_MODE_MANUAL
         # The last turn stays (recent_turns = 0 in these tests).
         assert response.report.boundary_after == ids[3]
         (event,) = await _events(stack)
-        assert event.trigger_mode == pb.TRIGGER_MODE_MANUAL
+        assert event.trigger_mode == events_pb2.TRIGGER_MODE_MANUAL
         assert event.summary_text
         # The claim was released: a turn may start again.
         claim = await stack.transcript.stub.AcquireClaims(_claim(tpb.CLAIM_KIND_RUN, "run-9"), metadata=stack.user())
@@ -107,13 +108,13 @@ async def test_running_session_queues_a_signal_that_fires_at_the_next_tool_round
         assert stack.provider.calls == []
         # The run's first request does not consume it; its first tool-round boundary does.
         start = await stack.build("s1", run_id="run-7")
-        assert start.compaction.outcome == pb.COMPACTION_OUTCOME_NOT_TRIGGERED
+        assert start.compaction.outcome == events_pb2.COMPACTION_OUTCOME_NOT_TRIGGERED
         round_ = await stack.append("s1", assistant("checking", "c1"), tool("c1", "ok"), assistant("again", "c2"))
         round_ += await stack.append("s1", tool("c2", "ok"))
         mid = await stack.build("s1", run_id="run-7", trigger_point=api.TRIGGER_POINT_MID_LOOP)
 
-        assert mid.compaction.outcome == pb.COMPACTION_OUTCOME_COMPACTED
-        assert mid.compaction.trigger_mode == pb.TRIGGER_MODE_MANUAL
+        assert mid.compaction.outcome == events_pb2.COMPACTION_OUTCOME_COMPACTED
+        assert mid.compaction.trigger_mode == events_pb2.TRIGGER_MODE_MANUAL
         # Mid-loop: the current request and its completed rounds but the latest are summarized.
         assert mid.boundary_message_id == round_[1]
         assert [m.message_id for m in mid.messages[1:]] == round_[2:]
@@ -124,7 +125,7 @@ async def test_running_session_queues_a_signal_that_fires_at_the_next_tool_round
         assert current[0] < mid.boundary_message_id
         # Consumed exactly once.
         later = await stack.build("s1", run_id="run-7", trigger_point=api.TRIGGER_POINT_MID_LOOP)
-        assert later.compaction.outcome == pb.COMPACTION_OUTCOME_NOT_TRIGGERED
+        assert later.compaction.outcome == events_pb2.COMPACTION_OUTCOME_NOT_TRIGGERED
         # The earlier turns, the request and its completed rounds but the latest, in one summary call.
         assert [summarized_ids(call) for call in stack.provider.summarize_calls()] == [[*ids, *current, *round_[:2]]]
 
@@ -143,7 +144,7 @@ async def test_a_signal_of_a_finished_run_never_fires(tmp_path: Path, database_u
         await stack.build("s1", run_id="run-2")
         mid = await stack.build("s1", run_id="run-2", trigger_point=api.TRIGGER_POINT_MID_LOOP)
 
-        assert mid.compaction.outcome == pb.COMPACTION_OUTCOME_NOT_TRIGGERED
+        assert mid.compaction.outcome == events_pb2.COMPACTION_OUTCOME_NOT_TRIGGERED
         assert stack.provider.calls == []
 
 
@@ -156,7 +157,7 @@ async def test_a_signal_is_dropped_by_a_mid_loop_call_of_another_run(tmp_path: P
         other = await stack.build("s1", run_id="run-2", trigger_point=api.TRIGGER_POINT_MID_LOOP)
         own = await stack.build("s1", run_id="run-1", trigger_point=api.TRIGGER_POINT_MID_LOOP)
 
-        assert other.compaction.outcome == own.compaction.outcome == pb.COMPACTION_OUTCOME_NOT_TRIGGERED
+        assert other.compaction.outcome == own.compaction.outcome == events_pb2.COMPACTION_OUTCOME_NOT_TRIGGERED
         assert stack.provider.calls == []
 
 
@@ -174,9 +175,9 @@ async def test_manual_compaction_with_nothing_to_compact_says_so(stack: Stack) -
     response = await _compact_now(stack)
 
     assert response.state == api.COMPACT_NOW_STATE_COMPLETED
-    assert response.report.outcome == pb.COMPACTION_OUTCOME_NOTHING_TO_COMPACT
+    assert response.report.outcome == events_pb2.COMPACTION_OUTCOME_NOTHING_TO_COMPACT
     assert stack.provider.calls == []
-    assert (await _events(stack))[0].outcome == pb.COMPACTION_OUTCOME_NOTHING_TO_COMPACT
+    assert (await _events(stack))[0].outcome == events_pb2.COMPACTION_OUTCOME_NOTHING_TO_COMPACT
 
 
 @pytest.mark.parametrize("rpc", ["CompactNow", "GetCompactionSummary", "ListCompactionEvents", "BuildContext"])
@@ -208,11 +209,13 @@ async def test_idle_manual_compaction_is_visible_in_follow(stack: Stack) -> None
 
     events = await runtime_events(follower, 4)
     follower.close()
-    assert [kind for kind, _ in events] == ["compaction_start", "compaction_end", "compaction_marker", "context_window"]
-    assert {payload["trigger_mode"] for _, payload in events[:3]} == {"manual"}
-    assert events[2][1]["boundary"] == response.report.boundary_after
-    manifest = json_format.ParseDict(events[3][1]["manifest"], pb.ContextManifest())
-    assert [section.key for section in manifest.sections] == ["summary", "messages"]
+    kinds = ["compaction_started", "compaction_ended", "compaction_marker", "context_window"]
+    assert [event.WhichOneof("event") for event in events] == kinds
+    started, ended, marker, window = events
+    modes = {started.compaction_started.trigger_mode, ended.compaction_ended.trigger_mode}
+    assert modes | {marker.compaction_marker.trigger_mode} == {events_pb2.TRIGGER_MODE_MANUAL}
+    assert marker.compaction_marker.boundary == response.report.boundary_after
+    assert [section.key for section in window.context_window.manifest.sections] == ["summary", "messages"]
 
 
 async def test_a_queued_signal_survives_a_request_that_failed_before_compacting(
@@ -235,8 +238,8 @@ async def test_a_queued_signal_survives_a_request_that_failed_before_compacting(
         proxy.unavailable.clear()
         retried = await stack.build("s1", run_id="run-7", trigger_point=api.TRIGGER_POINT_MID_LOOP)
 
-        assert retried.compaction.trigger_mode == pb.TRIGGER_MODE_MANUAL
-        assert retried.compaction.outcome == pb.COMPACTION_OUTCOME_COMPACTED
+        assert retried.compaction.trigger_mode == events_pb2.TRIGGER_MODE_MANUAL
+        assert retried.compaction.outcome == events_pb2.COMPACTION_OUTCOME_COMPACTED
 
 
 async def test_an_unexpected_failure_mid_compaction_is_recorded_and_the_request_still_answered(
@@ -247,10 +250,13 @@ async def test_an_unexpected_failure_mid_compaction_is_recorded_and_the_request_
 
         response = await stack.build("s1")
 
-        assert response.compaction.outcome == pb.COMPACTION_OUTCOME_FAILED
+        assert response.compaction.outcome == events_pb2.COMPACTION_OUTCOME_FAILED
         assert [m.message_id for m in response.messages] == ids
         (event,) = await _events(stack)
-        assert (event.outcome, event.trigger_mode) == (pb.COMPACTION_OUTCOME_FAILED, pb.TRIGGER_MODE_REQUEST_START)
+        assert (event.outcome, event.trigger_mode) == (
+            events_pb2.COMPACTION_OUTCOME_FAILED,
+            events_pb2.TRIGGER_MODE_REQUEST_START,
+        )
         assert await stack.record_rows("s1") == []
 
 
@@ -261,7 +267,7 @@ async def test_automatic_mid_loop_compaction_records_its_trigger(stack: Stack) -
 
     response = await stack.build("s1", trigger_point=api.TRIGGER_POINT_MID_LOOP)
 
-    assert response.compaction.trigger_mode == pb.TRIGGER_MODE_MID_LOOP
+    assert response.compaction.trigger_mode == events_pb2.TRIGGER_MODE_MID_LOOP
     assert response.boundary_message_id == rounds[2]
     (event,) = await _events(stack)
-    assert event.trigger_mode == pb.TRIGGER_MODE_MID_LOOP
+    assert event.trigger_mode == events_pb2.TRIGGER_MODE_MID_LOOP

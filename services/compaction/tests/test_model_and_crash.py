@@ -14,9 +14,9 @@ from pydantic import SecretStr
 from sqlalchemy import text
 from transcript_testing import SERVICE_TOKEN, assistant, running_transcript, user
 
+from continuum.compaction.events.v1 import events_pb2
 from continuum.compaction.v1 import compaction_service_pb2 as api
 from continuum.compaction.v1 import compaction_service_pb2_grpc as api_grpc
-from continuum.compaction.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as tapi
 from continuum_runtime.auth import call_metadata
@@ -42,7 +42,7 @@ async def test_compaction_through_the_http_client(tmp_path: Path, database_url: 
 
             response = await stack.build("s1")
 
-            assert response.compaction.outcome == pb.COMPACTION_OUTCOME_COMPACTED
+            assert response.compaction.outcome == events_pb2.COMPACTION_OUTCOME_COMPACTED
             (request,) = server.requests
             body = request.json()
             assert body["model"] == "remote-model"
@@ -67,7 +67,7 @@ async def test_a_summary_cut_at_the_output_limit_is_never_accepted(tmp_path: Pat
 
             response = await stack.build("s1")
 
-            assert response.compaction.outcome == pb.COMPACTION_OUTCOME_FAILED
+            assert response.compaction.outcome == events_pb2.COMPACTION_OUTCOME_FAILED
             assert await stack.record_rows("s1") == []
             # The request still gets its full context.
             assert len(response.messages) == 6
@@ -153,7 +153,7 @@ async def test_kill_9_while_the_model_works_leaves_nothing_half_written(tmp_path
                 process.send_signal(signal.SIGTERM)
                 await process.wait()
 
-            assert response.compaction.outcome == pb.COMPACTION_OUTCOME_COMPACTED
+            assert response.compaction.outcome == events_pb2.COMPACTION_OUTCOME_COMPACTED
             assert "Summary after restart." in response.messages[0].content[0].text
             assert len(server.requests) == 2
     finally:

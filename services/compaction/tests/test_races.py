@@ -10,8 +10,8 @@ import pytest
 from compaction_testing import ScriptedProvider, Stack, eventually, running_stack
 from transcript_testing import assistant, refused, user
 
+from continuum.compaction.events.v1 import events_pb2
 from continuum.compaction.v1 import compaction_service_pb2 as api
-from continuum.compaction.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as tapi
 
@@ -48,11 +48,11 @@ async def test_two_compactions_on_the_same_boundary_postgres(
         results = await _race_two_builds(stack, gate)
 
         outcomes = sorted(r.compaction.outcome for r in results)
-        assert outcomes == [pb.COMPACTION_OUTCOME_COMPACTED, pb.COMPACTION_OUTCOME_CONFLICT]
+        assert outcomes == [events_pb2.COMPACTION_OUTCOME_COMPACTED, events_pb2.COMPACTION_OUTCOME_CONFLICT]
         # The loser discarded its result, reloaded once and did not call the model again.
         assert len(stack.provider.calls) == 2
-        winner = next(r for r in results if r.compaction.outcome == pb.COMPACTION_OUTCOME_COMPACTED)
-        loser = next(r for r in results if r.compaction.outcome == pb.COMPACTION_OUTCOME_CONFLICT)
+        winner = next(r for r in results if r.compaction.outcome == events_pb2.COMPACTION_OUTCOME_COMPACTED)
+        loser = next(r for r in results if r.compaction.outcome == events_pb2.COMPACTION_OUTCOME_CONFLICT)
         rows = await stack.record_rows("s1")
         assert len(rows) == 1 and rows[0][0] == winner.boundary_message_id
         # Only the winner moved transcript's fence: it sits exactly at the stored boundary, so every
@@ -86,7 +86,7 @@ async def test_messages_written_during_compaction_appear_after_reload_postgres(
 
         response = await build
 
-        assert response.compaction.outcome == pb.COMPACTION_OUTCOME_COMPACTED
+        assert response.compaction.outcome == events_pb2.COMPACTION_OUTCOME_COMPACTED
         assert response.messages[-1].message_id == written[0]
 
 
@@ -105,7 +105,7 @@ async def test_an_edit_while_the_model_works_discards_the_summary_postgres(tmp_p
         response = await build
 
         assert edited.deleted_message_count > 0
-        assert response.compaction.outcome == pb.COMPACTION_OUTCOME_HISTORY_REWRITTEN
+        assert response.compaction.outcome == events_pb2.COMPACTION_OUTCOME_HISTORY_REWRITTEN
         assert await stack.record_rows("s1") == []
         assert [m.message_id for m in response.messages] == ids[:3]
 

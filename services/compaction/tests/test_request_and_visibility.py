@@ -11,8 +11,8 @@ from compaction_testing import Stack, running_stack, runtime_events
 from google.protobuf import field_mask_pb2, json_format
 from transcript_testing import Follower, assistant, refused, user
 
+from continuum.compaction.events.v1 import events_pb2
 from continuum.compaction.v1 import compaction_service_pb2 as api
-from continuum.compaction.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as tapi
 from continuum_runtime.paging import encode_page_token
@@ -26,7 +26,7 @@ SECTIONS = [
 MEMORIES = [api.MemoryEntry(memory_id="m-1", text="Prefers pytest"), api.MemoryEntry(memory_id="m-2", text="Uses uv")]
 
 
-def _section(manifest: pb.ContextManifest, key: str) -> pb.ContextSection | None:
+def _section(manifest: events_pb2.ContextManifest, key: str) -> events_pb2.ContextSection | None:
     return next((s for s in manifest.sections if s.key == key), None)
 
 
@@ -124,15 +124,15 @@ async def test_compaction_and_context_window_events_reach_follow(stack: Stack) -
 
     events = await runtime_events(follower, 4)
     follower.close()
-    assert [kind for kind, _ in events] == ["compaction_start", "compaction_end", "compaction_marker", "context_window"]
-    assert events[0][1]["trigger_mode"] == "request_start"
-    assert events[2][1]["trigger_mode"] == "request_start"
-    assert events[2][1]["boundary"] == response.boundary_message_id
-    window = events[3][1]
-    assert window["estimated"] == response.manifest.estimated_total_tokens
-    assert window["actual"] is None
-    manifest = json_format.ParseDict(window["manifest"], pb.ContextManifest())
-    assert manifest == response.manifest
+    kinds = ["compaction_started", "compaction_ended", "compaction_marker", "context_window"]
+    assert [event.WhichOneof("event") for event in events] == kinds
+    started, ended, marker, window = (getattr(event, kind) for event, kind in zip(events, kinds, strict=True))
+    assert started.trigger_mode == marker.trigger_mode == events_pb2.TRIGGER_MODE_REQUEST_START
+    assert ended.outcome == events_pb2.COMPACTION_OUTCOME_COMPACTED
+    assert marker.boundary == ended.boundary_after == response.boundary_message_id
+    assert window.estimated_tokens == response.manifest.estimated_total_tokens
+    assert not window.HasField("actual_tokens")
+    assert window.manifest == response.manifest
 
 
 async def test_summary_read_is_empty_without_a_summary_and_full_after_one(stack: Stack) -> None:

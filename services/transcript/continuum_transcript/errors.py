@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import grpc
 
+from continuum.transcript.v1 import error_reason_pb2
 from continuum_runtime.errors import InvalidArgument, ServiceError
 
 DOMAIN = "transcript.continuum"
 
 
 class TranscriptError(ServiceError):
-    """Root of every error transcript reports."""
+    """Root of every error transcript reports; reasons are values of transcript's ErrorReason."""
 
     domain = DOMAIN
+    reasons = error_reason_pb2.ErrorReason
 
 
 class BadRequest(InvalidArgument, TranscriptError):
@@ -116,7 +118,7 @@ class AttemptConflict(TranscriptError):
 
 
 class PublisherUnavailable(TranscriptError):
-    """The session's live transcript moved to another generation or process; retry."""
+    """The session's live transcript moved to another stream generation or process; retry."""
 
     code = grpc.StatusCode.UNAVAILABLE
     reason = "PUBLISHER_MOVED"

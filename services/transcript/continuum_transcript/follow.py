@@ -13,10 +13,11 @@ from sqlalchemy import select
 from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
+from continuum_runtime.capabilities import TRANSCRIPT_V2
 from continuum_runtime.database import Database
 from continuum_transcript import messages as messages_store
 from continuum_transcript.errors import UpgradeRequired
-from continuum_transcript.publisher import PROTOCOL, Cut, SessionPublisher
+from continuum_transcript.publisher import Cut, SessionPublisher
 from continuum_transcript.tables import messages
 
 SNAPSHOT_PAGE = 32
@@ -24,9 +25,9 @@ SNAPSHOT_PAGE = 32
 
 def require_protocol(capabilities: list[str]) -> None:
     """An old peer gets an explicit upgrade error, never a legacy fallback."""
-    if PROTOCOL not in capabilities:
+    if TRANSCRIPT_V2 not in capabilities:
         raise UpgradeRequired(
-            f"this server speaks {PROTOCOL} only; upgrade the client", metadata={"required": PROTOCOL}
+            f"this server speaks {TRANSCRIPT_V2} only; upgrade the client", metadata={"required": TRANSCRIPT_V2}
         )
 
 
@@ -41,11 +42,11 @@ def frame_seq(frame: api.FollowResponse) -> int:
 
 
 def can_resume(request: api.FollowRequest, cut: Cut) -> bool:
-    """Whether the client's cursor lies inside the replay window of the current generation."""
+    """Whether the client's cursor lies inside the replay window of the current stream generation."""
     if not request.HasField("resume"):
         return False
     cursor = request.resume
-    return cursor.generation == cut.generation and cut.replay_first_seq - 1 <= cursor.seq <= cut.seq
+    return cursor.stream_generation == cut.stream_generation and cut.replay_first_seq - 1 <= cursor.seq <= cut.seq
 
 
 async def stream(
@@ -53,25 +54,25 @@ async def stream(
 ) -> AsyncIterator[api.FollowResponse]:
     """Every frame one follower receives, in order."""
     subscription, cut = publisher.subscribe()
-    generation = cut.generation
+    stream_generation = cut.stream_generation
     try:
         handshake = fpb.HandshakeFrame(
-            protocol=PROTOCOL,
+            protocol=TRANSCRIPT_V2,
             commit_seq=publisher.commit_seq,
             durable_seq=publisher.durable_seq,
             replay_first_seq=cut.replay_first_seq,
         )
         if can_resume(request, cut):
             handshake.mode = fpb.FOLLOW_MODE_RESUME
-            yield api.FollowResponse(generation=generation, handshake=handshake)
+            yield api.FollowResponse(stream_generation=stream_generation, handshake=handshake)
             for prefix in cut.prefixes:
-                yield api.FollowResponse(generation=generation, snapshot_prefix=prefix)
+                yield api.FollowResponse(stream_generation=stream_generation, snapshot_prefix=prefix)
             for frame in cut.replay:
                 if frame_seq(frame) > request.resume.seq:
                     yield frame
         else:
             handshake.mode = fpb.FOLLOW_MODE_BASELINE
-            yield api.FollowResponse(generation=generation, handshake=handshake)
+            yield api.FollowResponse(stream_generation=stream_generation, handshake=handshake)
             async for frame in _snapshot(publisher, database, cut):
                 yield frame
         while True:
@@ -90,24 +91,27 @@ async def stream(
 
 
 async def _snapshot(publisher: SessionPublisher, database: Database, cut: Cut) -> AsyncIterator[api.FollowResponse]:
-    generation = cut.generation
+    stream_generation = cut.stream_generation
     if cut.seq > publisher.durable_seq:
         # The cut is ahead of disk: flush first, so the page and the history cursors are canonical.
         await publisher.flush_until(cut.seq)
     yield api.FollowResponse(
-        generation=generation, snapshot_begin=fpb.SnapshotBeginFrame(seq=cut.seq, durable_seq=publisher.durable_seq)
+        stream_generation=stream_generation,
+        snapshot_begin=fpb.SnapshotBeginFrame(seq=cut.seq, durable_seq=publisher.durable_seq),
     )
     page, has_older = await read_page_at(database, publisher.session_id, cut.seq, SNAPSHOT_PAGE)
     history = fpb.HistoryCursor(
-        generation=generation, snapshot_seq=cut.seq, before_message_id=page[0].message_id if page else 0
+        stream_generation=stream_generation,
+        snapshot_sequence=cut.seq,
+        before_message_id=page[0].message_id if page else 0,
     )
     records = fpb.SnapshotRecordsFrame(messages=page, has_older=has_older, history=history)
-    yield api.FollowResponse(generation=generation, snapshot_records=records)
+    yield api.FollowResponse(stream_generation=stream_generation, snapshot_records=records)
     runtime = fpb.SnapshotRuntimeFrame(runtime_state=cut.runtime_state, prompts=cut.prompts)
-    yield api.FollowResponse(generation=generation, snapshot_runtime=runtime)
+    yield api.FollowResponse(stream_generation=stream_generation, snapshot_runtime=runtime)
     for prefix in cut.prefixes:
-        yield api.FollowResponse(generation=generation, snapshot_prefix=prefix)
-    yield api.FollowResponse(generation=generation, snapshot_end=fpb.SnapshotEndFrame(seq=cut.seq))
+        yield api.FollowResponse(stream_generation=stream_generation, snapshot_prefix=prefix)
+    yield api.FollowResponse(stream_generation=stream_generation, snapshot_end=fpb.SnapshotEndFrame(seq=cut.seq))
 
 
 async def read_page_at(database: Database, session_id: str, seq: int, size: int) -> tuple[list[pb.Message], bool]:

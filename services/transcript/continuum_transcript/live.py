@@ -12,6 +12,7 @@ from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum_runtime.auth import acting_user
+from continuum_runtime.capabilities import HISTORY_OUTLINE_V1
 from continuum_runtime.database import Database
 from continuum_transcript import follow, messages, persistence, sessions, turns, validation
 from continuum_transcript.errors import BadRequest
@@ -22,7 +23,6 @@ Context: TypeAlias = grpc.aio.ServicerContext
 
 MESSAGE_KEY = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 MAX_STRUCT_BYTES = 64 * 1024
-OUTLINE_CAPABILITY = "history-outline-v1"
 RUN_STATES = frozenset(fpb.RunState.values()) - {fpb.RUN_STATE_UNSPECIFIED}
 PROMPT_KINDS = frozenset(fpb.PromptKind.values()) - {fpb.PROMPT_KIND_UNSPECIFIED}
 
@@ -113,9 +113,9 @@ class LiveTranscript:
                     raise BadRequest(f"{field}.prompt_resolved", "must name a prompt id")
                 resolved.append(operation.prompt_resolved)
             elif kind == "event":
-                if not MESSAGE_KEY.match(operation.event.kind):
-                    raise BadRequest(f"{field}.event.kind", "must be 1-128 letters, digits or '_.:-'")
-                _small_struct(operation.event.payload.ByteSize(), f"{field}.event.payload")
+                if operation.event.WhichOneof("event") is None:
+                    raise BadRequest(f"{field}.event", "must set one runtime event")
+                _small_struct(operation.event.ByteSize(), f"{field}.event")
                 events.append(operation.event)
             else:
                 raise BadRequest(field, "must set one operation")
@@ -132,7 +132,7 @@ class LiveTranscript:
         )
         if request.wait_durable or request.terminal:
             await publisher.wait_durable(seq)
-        return api.PublishBatchResponse(generation=publisher.generation, seq=seq, message_ids=ids)
+        return api.PublishBatchResponse(stream_generation=publisher.stream_generation, seq=seq, message_ids=ids)
 
     async def OpenAttempt(self, request: api.OpenAttemptRequest, context: Context) -> api.OpenAttemptResponse:
         owner = acting_user(context)
@@ -140,7 +140,7 @@ class LiveTranscript:
         ref = attempt_ref(request.attempt)
         publisher = await self._registry.get(owner, session_id)
         publisher.open_attempt(ref)
-        return api.OpenAttemptResponse(generation=publisher.generation)
+        return api.OpenAttemptResponse(stream_generation=publisher.stream_generation)
 
     async def AppendChunks(self, request: api.AppendChunksRequest, context: Context) -> api.AppendChunksResponse:
         owner = acting_user(context)
@@ -189,11 +189,11 @@ class LiveTranscript:
         limit = validation.non_negative(request.limit, "limit") or 128
         if limit > 1000:
             raise BadRequest("limit", "must be at most 1000")
-        generation_pin = validation.non_negative(request.generation, "generation")
+        stream_generation_pin = validation.non_negative(request.stream_generation, "stream_generation")
         seq_pin = validation.non_negative(request.snapshot_sequence, "snapshot_sequence")
         async with self._db.connection() as connection:
             await sessions.load(connection, owner, session_id)
-        if OUTLINE_CAPABILITY not in request.capabilities:
+        if HISTORY_OUTLINE_V1 not in request.capabilities:
             return api.GetHistoryOutlineResponse(status=api.PIN_STATUS_UNSUPPORTED)
         publisher = await self._registry.get(owner, session_id)
         await publisher.flush_until(publisher.commit_seq)
@@ -203,8 +203,8 @@ class LiveTranscript:
                 session_id,
                 start_turn=start_turn,
                 limit=limit,
-                generation_pin=generation_pin or None,
+                stream_generation_pin=stream_generation_pin or None,
                 seq_pin=seq_pin or None,
-                current_generation=await persistence.current_generation(connection, session_id),
+                current_stream_generation=await persistence.current_stream_generation(connection, session_id),
                 durable_seq=publisher.durable_seq,
             )

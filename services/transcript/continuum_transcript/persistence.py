@@ -1,4 +1,4 @@
-"""What the live publisher stores: its binding (generation), reserved message ids, and batches
+"""What the live publisher stores: its binding (stream generation), reserved message ids, and batches
 persisted in sequence order behind their fan-out."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from continuum_transcript.tables import messages, session_runtime
 class Binding:
     """A publisher's claim on a session's live transcript, and the state it resumes from."""
 
-    generation: int
+    stream_generation: int
     durable_seq: int
     runtime_state: dict[str, Any]
     pending_prompts: dict[str, dict[str, Any]]
@@ -38,9 +38,9 @@ class PersistBatch:
 
 
 async def bind(database: Database, session_id: str) -> Binding:
-    """Take the session's live transcript: a new generation, resuming from what is durable.
+    """Take the session's live transcript: a new stream generation, resuming from what is durable.
 
-    Every (re)bind bumps the generation, so followers of a previous publisher resync, and a
+    Every (re)bind bumps the stream generation, so followers of a previous publisher resync, and a
     previous publisher elsewhere is fenced out of further writes.
     """
     async with database.transaction() as connection:
@@ -49,7 +49,7 @@ async def bind(database: Database, session_id: str) -> Binding:
         )
         fresh = {
             "session_id": session_id,
-            "generation": 1,
+            "stream_generation": 1,
             "durable_seq": int(durable or 0),
             "runtime_state": {},
             "pending_prompts": {},
@@ -63,7 +63,7 @@ async def bind(database: Database, session_id: str) -> Binding:
                 await connection.execute(
                     update(session_runtime)
                     .where(session_runtime.c.session_id == session_id)
-                    .values(generation=session_runtime.c.generation + 1, update_ms=now_ms())
+                    .values(stream_generation=session_runtime.c.stream_generation + 1, update_ms=now_ms())
                     .returning(*session_runtime.c)
                 )
             )
@@ -71,29 +71,29 @@ async def bind(database: Database, session_id: str) -> Binding:
             .one()
         )
     return Binding(
-        generation=int(row["generation"]),
+        stream_generation=int(row["stream_generation"]),
         durable_seq=max(int(row["durable_seq"]), int(durable or 0)),
         runtime_state=dict(row["runtime_state"]),
         pending_prompts=dict(row["pending_prompts"]),
     )
 
 
-async def bump_generation(connection: AsyncConnection, session_id: str, expected: int) -> int | None:
-    """Advance the generation inside a rewrite's transaction; None when `expected` is stale."""
+async def bump_stream_generation(connection: AsyncConnection, session_id: str, expected: int) -> int | None:
+    """Advance the stream generation inside a rewrite's transaction; None when `expected` is stale."""
     result = await connection.execute(
         update(session_runtime)
-        .where(session_runtime.c.session_id == session_id, session_runtime.c.generation == expected)
-        .values(generation=session_runtime.c.generation + 1, update_ms=now_ms())
-        .returning(session_runtime.c.generation)
+        .where(session_runtime.c.session_id == session_id, session_runtime.c.stream_generation == expected)
+        .values(stream_generation=session_runtime.c.stream_generation + 1, update_ms=now_ms())
+        .returning(session_runtime.c.stream_generation)
     )
     value = result.scalar_one_or_none()
     return None if value is None else int(value)
 
 
-async def current_generation(connection: AsyncConnection, session_id: str) -> int:
-    """The session's Follow generation (0 before it was ever followed or published to)."""
+async def current_stream_generation(connection: AsyncConnection, session_id: str) -> int:
+    """The session's Follow stream generation (0 before it was ever followed or published to)."""
     value = await connection.scalar(
-        select(session_runtime.c.generation).where(session_runtime.c.session_id == session_id)
+        select(session_runtime.c.stream_generation).where(session_runtime.c.session_id == session_id)
     )
     return int(value or 0)
 
@@ -131,7 +131,7 @@ _PERSIST_FENCED = """
 WITH fence AS (
     UPDATE session_runtime
     SET durable_seq = $3, runtime_state = $4::json, pending_prompts = $5::json, update_ms = $6
-    WHERE session_id = $1 AND generation = $2
+    WHERE session_id = $1 AND stream_generation = $2
     RETURNING 1
 ), written AS (
     INSERT INTO messages
@@ -149,7 +149,7 @@ _ADVANCE_DURABLE = (
     update(session_runtime)
     .where(
         session_runtime.c.session_id == bindparam("fence_session_id"),
-        session_runtime.c.generation == bindparam("fence_generation"),
+        session_runtime.c.stream_generation == bindparam("fence_stream_generation"),
     )
     .values(
         durable_seq=bindparam("durable_seq"),
@@ -160,7 +160,7 @@ _ADVANCE_DURABLE = (
 )
 
 
-async def persist(database: Database, session_id: str, generation: int, batches: list[PersistBatch]) -> bool:
+async def persist(database: Database, session_id: str, stream_generation: int, batches: list[PersistBatch]) -> bool:
     """Write a group of consecutive batches atomically; False when fenced out (another publisher
     bound the session, or the history was rewritten) and nothing was written."""
     rows = [row for batch in batches for row in batch.rows]
@@ -170,7 +170,7 @@ async def persist(database: Database, session_id: str, generation: int, batches:
             raw = await connection.get_raw_connection()
             driver: Any = raw.driver_connection
             try:
-                held = await _fetch_fenced(driver, session_id, generation, last, rows)
+                held = await _fetch_fenced(driver, session_id, stream_generation, last, rows)
             except Exception:
                 # Straight driver calls bypass the pool's disconnect detection: a connection that
                 # failed here must not be handed out again.
@@ -182,7 +182,7 @@ async def persist(database: Database, session_id: str, generation: int, batches:
             _ADVANCE_DURABLE,
             {
                 "fence_session_id": session_id,
-                "fence_generation": generation,
+                "fence_stream_generation": stream_generation,
                 "durable_seq": last.seq,
                 "runtime_state": last.runtime_state,
                 "pending_prompts": last.pending_prompts,
@@ -198,12 +198,12 @@ async def persist(database: Database, session_id: str, generation: int, batches:
 
 
 async def _fetch_fenced(
-    driver: Any, session_id: str, generation: int, last: PersistBatch, rows: list[dict[str, Any]]
+    driver: Any, session_id: str, stream_generation: int, last: PersistBatch, rows: list[dict[str, Any]]
 ) -> Any:
     return await driver.fetchval(
         _PERSIST_FENCED,
         session_id,
-        generation,
+        stream_generation,
         last.seq,
         _json(last.runtime_state),
         _json(last.pending_prompts),

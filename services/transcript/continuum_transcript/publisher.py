@@ -31,8 +31,6 @@ from continuum_transcript.validation import MessageRow
 
 logger = logging.getLogger("continuum.transcript.publisher")
 
-PROTOCOL = "transcript-v2"
-
 
 @dataclass
 class Attempt:
@@ -95,11 +93,11 @@ class Subscription:
         if self.ended:
             return
         if self._queue.qsize() >= self._bound:
-            self.end(fpb.RESYNC_REASON_OVERFLOW, frame.generation, resumable=True)
+            self.end(fpb.RESYNC_REASON_OVERFLOW, frame.stream_generation, resumable=True)
             return
         self._queue.put_nowait((event_no, frame))
 
-    def end(self, reason: int, generation: int, *, resumable: bool) -> None:
+    def end(self, reason: int, stream_generation: int, *, resumable: bool) -> None:
         """Drop the backlog and leave only a resync frame."""
         if self.ended:
             return
@@ -107,7 +105,7 @@ class Subscription:
         while not self._queue.empty():
             self._queue.get_nowait()
         resync = fpb.ResyncFrame(reason=reason, resumable=resumable)  # type: ignore[arg-type]
-        self._queue.put_nowait((0, api.FollowResponse(generation=generation, resync=resync)))
+        self._queue.put_nowait((0, api.FollowResponse(stream_generation=stream_generation, resync=resync)))
 
     async def next(self, seconds: float) -> tuple[int, api.FollowResponse] | None:
         """The next frame, or None after `seconds` of quiet (time for a heartbeat)."""
@@ -124,7 +122,7 @@ class Subscription:
 class Cut:
     """What a new follower starts from, captured atomically with its registration."""
 
-    generation: int
+    stream_generation: int
     seq: int
     event_no: int
     runtime_state: fpb.RuntimeState
@@ -170,7 +168,7 @@ class SessionPublisher:
     ) -> None:
         self.session_id = session_id
         self.owner = owner
-        self.generation = binding.generation
+        self.stream_generation = binding.stream_generation
         self.commit_seq = binding.durable_seq
         self.durable_seq = binding.durable_seq
         self._db = database
@@ -301,10 +299,10 @@ class SessionPublisher:
                 events=events,
                 settles=settles,
             )
-            frame = api.FollowResponse(generation=self.generation, batch=batch)
+            frame = api.FollowResponse(stream_generation=self.stream_generation, batch=batch)
         else:
             watermark = fpb.WatermarkFrame(base_seq=seq - 1, seq=seq)
-            frame = api.FollowResponse(generation=self.generation, watermark=watermark)
+            frame = api.FollowResponse(stream_generation=self.stream_generation, watermark=watermark)
         self._emit(frame, barrier=seq if terminal else 0, rows=stored or None, media_types=media_types)
         return seq, [int(row["message_id"]) for row in stored]
 
@@ -318,7 +316,7 @@ class SessionPublisher:
                 metadata={"attempt": current.ref.attempt},
             )
         self.attempts[ref.message_key] = Attempt(fpb.AttemptRef(message_key=ref.message_key, attempt=ref.attempt))
-        self._emit(api.FollowResponse(generation=self.generation, attempt_opened=ref))
+        self._emit(api.FollowResponse(stream_generation=self.stream_generation, attempt_opened=ref))
 
     def append_chunks(self, ref: fpb.AttemptRef, first_index: int, chunks: list[str]) -> int:
         """Show more chunks of an open attempt; indexes must continue exactly."""
@@ -331,7 +329,7 @@ class SessionPublisher:
         for offset, text in enumerate(chunks):
             attempt.chunks.append(text)
             chunk = api.ChunkFrame(attempt=attempt.ref, chunk_index=first_index + offset, text=text)
-            self._emit(api.FollowResponse(generation=self.generation, chunk=chunk))
+            self._emit(api.FollowResponse(stream_generation=self.stream_generation, chunk=chunk))
         return len(attempt.chunks)
 
     async def commit_attempt(
@@ -379,28 +377,30 @@ class SessionPublisher:
         return message_id, seq
 
     async def rewrite(self, change: Callable[[Any], Awaitable[Any]]) -> tuple[Any, int]:
-        """Rewrite history: flush, run `change(connection)` and bump the generation in one
+        """Rewrite history: flush, run `change(connection)` and bump the stream generation in one
         transaction, then end every follower with resync(REWRITE). Returns `change`'s result and
-        the new generation."""
+        the new stream generation."""
         async with self._accept:
             self._check_open()
             await self.flush_until(self.commit_seq)
             async with self._db.transaction() as connection:
                 result = await change(connection)
-                generation = await persistence.bump_generation(connection, self.session_id, self.generation)
-                if generation is None:
+                stream_generation = await persistence.bump_stream_generation(
+                    connection, self.session_id, self.stream_generation
+                )
+                if stream_generation is None:
                     raise PublisherUnavailable(
                         "the session's live transcript moved; retry", metadata={"session_id": self.session_id}
                     )
-            old = self.generation
-            self.generation = generation
+            old = self.stream_generation
+            self.stream_generation = stream_generation
             self.attempts.clear()
             self._replay.clear()
             self.view.prefixes.clear()
             for subscriber in list(self._subscribers):
                 subscriber.end(fpb.RESYNC_REASON_REWRITE, old, resumable=False)
             self._subscribers.clear()
-            return result, generation
+            return result, stream_generation
 
     async def wait_durable(self, seq: int) -> None:
         """Return once everything up to `seq` is on disk."""
@@ -422,7 +422,7 @@ class SessionPublisher:
 
     def _settle(self, ref: fpb.AttemptRef, seq: int, message_id: int, outcome: int) -> None:
         settlement = fpb.SettlementFrame(attempt=ref, seq=seq, message_id=message_id, outcome=outcome)  # type: ignore[arg-type]
-        self._emit(api.FollowResponse(generation=self.generation, settlement=settlement), barrier=seq)
+        self._emit(api.FollowResponse(stream_generation=self.stream_generation, settlement=settlement), barrier=seq)
 
     def _check_open(self) -> None:
         if self.closed:
@@ -468,7 +468,7 @@ class SessionPublisher:
         self._subscribers.add(subscription)
         view = self.view
         cut = Cut(
-            generation=self.generation,
+            stream_generation=self.stream_generation,
             seq=view.seq,
             event_no=view.event_no,
             runtime_state=_copy(view.runtime_state),
@@ -491,7 +491,7 @@ class SessionPublisher:
     def heartbeat(self) -> api.FollowResponse:
         """A liveness frame with the latest sequences."""
         beat = fpb.HeartbeatFrame(commit_seq=self.commit_seq, durable_seq=self.durable_seq)
-        return api.FollowResponse(generation=self.generation, heartbeat=beat)
+        return api.FollowResponse(stream_generation=self.stream_generation, heartbeat=beat)
 
     # Durability
 
@@ -508,7 +508,7 @@ class SessionPublisher:
             while self._pending and not self.closed:
                 group = list(self._pending)
                 try:
-                    written = await persistence.persist(self._db, self.session_id, self.generation, group)
+                    written = await persistence.persist(self._db, self.session_id, self.stream_generation, group)
                 except Exception as error:  # the database is down or failing: keep output, retry
                     self._report_failure(type(error).__name__)
                     await asyncio.sleep(delay)
@@ -516,7 +516,8 @@ class SessionPublisher:
                     continue
                 if not written:
                     logger.warning(
-                        "publisher fenced out", extra={"session_id": self.session_id, "generation": self.generation}
+                        "publisher fenced out",
+                        extra={"session_id": self.session_id, "stream_generation": self.stream_generation},
                     )
                     self.close(fpb.RESYNC_REASON_REBIND)
                     return
@@ -540,7 +541,7 @@ class SessionPublisher:
             reason=reason, commit_seq=self.commit_seq, durable_seq=self.durable_seq, failed_attempts=self.failed_flushes
         )
         # Not through the outbox: the failure is news now, even behind a waiting barrier.
-        self._broadcast(api.FollowResponse(generation=self.generation, recovery_failure=failure))
+        self._broadcast(api.FollowResponse(stream_generation=self.stream_generation, recovery_failure=failure))
 
     def _advance_durable(self, seq: int) -> None:
         self.durable_seq = seq
@@ -549,7 +550,9 @@ class SessionPublisher:
             self.failed_flushes = 0
             logger.info("persisting recovered", extra={"session_id": self.session_id, "durable_seq": seq})
             self._broadcast(
-                api.FollowResponse(generation=self.generation, recovered=fpb.RecoveredFrame(durable_seq=seq))
+                api.FollowResponse(
+                    stream_generation=self.stream_generation, recovered=fpb.RecoveredFrame(durable_seq=seq)
+                )
             )
         self._drain()
 
@@ -565,7 +568,7 @@ class SessionPublisher:
             return
         self.closed = True
         for subscriber in list(self._subscribers):
-            subscriber.end(reason, self.generation, resumable=resumable)
+            subscriber.end(reason, self.stream_generation, resumable=resumable)
         self._subscribers.clear()
         self._durable_advanced.set()
         self._wake_flusher.set()

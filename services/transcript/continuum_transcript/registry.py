@@ -16,7 +16,7 @@ logger = logging.getLogger("continuum.transcript.registry")
 
 
 class PublisherRegistry:
-    """Finds or binds the publisher of a session. Binding bumps the session's generation, so a
+    """Finds or binds the publisher of a session. Binding bumps the session's stream generation, so a
     publisher that restarted (here or elsewhere) is a rebind every follower notices."""
 
     def __init__(self, database: Database, settings: TranscriptSettings) -> None:
@@ -59,7 +59,11 @@ class PublisherRegistry:
             self._publishers[session_id] = publisher
             logger.info(
                 "publisher bound",
-                extra={"session_id": session_id, "generation": binding.generation, "durable_seq": binding.durable_seq},
+                extra={
+                    "session_id": session_id,
+                    "stream_generation": binding.stream_generation,
+                    "durable_seq": binding.durable_seq,
+                },
             )
             return publisher
 

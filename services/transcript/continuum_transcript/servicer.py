@@ -18,6 +18,7 @@ from continuum_runtime.database import Database
 from continuum_runtime.paging import PageTokenError, decode_page_token, encode_page_token, page_size
 from continuum_transcript import (
     attachments,
+    bodies,
     claims,
     convert,
     events,
@@ -173,6 +174,19 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
             (stored,) = await messages.with_media_types(connection, [row])
         return api.GetMessageResponse(message=stored)
 
+    async def StreamMessage(
+        self, request: api.StreamMessageRequest, context: Context
+    ) -> AsyncIterator[api.StreamMessageResponse]:
+        owner = acting_user(context)
+        session_id = validation.session_id(request.session_id)
+        message_id = validation.non_negative(request.message_id, "message_id")
+        async with self._db.connection() as connection:
+            row = await messages.get(connection, owner, session_id, message_id)
+            (stored,) = await messages.with_media_types(connection, [row])
+        del row
+        for frame in bodies.stream_frames(stored):
+            yield frame
+
     async def ListMessagesAfter(
         self, request: api.ListMessagesAfterRequest, context: Context
     ) -> api.ListMessagesAfterResponse:
@@ -207,20 +221,24 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
             raise BadRequest("direction", "is not a known page direction")
         newer = request.direction == api.PAGE_DIRECTION_NEWER
         size = page_size(validation.non_negative(request.page_size, "page_size"), default=32, maximum=200)
-        generation_pin = validation.non_negative(request.generation, "generation")
-        seq_pin = validation.non_negative(request.snapshot_seq, "snapshot_seq")
+        stream_generation_pin = validation.non_negative(request.stream_generation, "stream_generation")
+        seq_pin = validation.non_negative(request.snapshot_sequence, "snapshot_sequence")
         async with self._db.connection() as connection:
-            generation = await persistence.current_generation(connection, session_id)
-            if generation_pin and generation_pin != generation:
+            stream_generation = await persistence.current_stream_generation(connection, session_id)
+            if stream_generation_pin and stream_generation_pin != stream_generation:
                 await sessions.load(connection, owner, session_id)
-                # Never another generation's page: the client must re-follow.
-                return api.ListMessagePageResponse(status=api.PIN_STATUS_STALE, generation=generation)
+                # Never another stream generation's page: the client must re-follow.
+                return api.ListMessagePageResponse(status=api.PIN_STATUS_STALE, stream_generation=stream_generation)
             rows, has_older, has_newer = await messages.page(
-                connection, owner, session_id, anchor, newer, size, seq_pin if generation_pin else None
+                connection, owner, session_id, anchor, newer, size, seq_pin if stream_generation_pin else None
             )
             page = await messages.with_media_types(connection, rows)
         return api.ListMessagePageResponse(
-            messages=page, has_older=has_older, has_newer=has_newer, status=api.PIN_STATUS_OK, generation=generation
+            messages=page,
+            has_older=has_older,
+            has_newer=has_newer,
+            status=api.PIN_STATUS_OK,
+            stream_generation=stream_generation,
         )
 
     async def EditUserMessage(
@@ -244,11 +262,11 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
             await turns.invalidate(connection, session_id)
             return (*edited, known)
 
-        (row, generation, removed, event_id, known), _ = await publisher.rewrite(change)
+        (row, stream_generation, removed, event_id, known), _ = await publisher.rewrite(change)
         self._bell.ring()
         return api.EditUserMessageResponse(
             message=convert.message(row, known),
-            history_generation=generation,
+            history_generation=stream_generation,
             deleted_message_count=removed,
             event_id=event_id,
         )
@@ -263,7 +281,7 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
         if message_id <= expected_fence:
             raise BadRequest("message_id", "must be above expected_fence_message_id: the fence only moves up")
         expected = validation.positive(request.expected_history_generation, "expected_history_generation")
-        # No publisher: the fence changes no history and no Follow generation, only the session row.
+        # No publisher: the fence changes no history and no Follow stream generation, only the session row.
         async with self._db.transaction() as connection:
             row = await fence.set_fence(connection, owner, session_id, message_id, expected, expected_fence)
         return api.SetCompactionFenceResponse(

@@ -101,13 +101,13 @@ session_events = Table(
     sqlite_autoincrement=True,
 )
 
-# The live publisher's persisted state: its generation (epoch) and the durable prefix.
+# The live publisher's persisted state: its stream generation (epoch) and the durable prefix.
 session_runtime = Table(
     "session_runtime",
     metadata,
     Column("session_id", String(64), primary_key=True),
     # Bumped on every publisher (re)bind and history rewrite; never goes back.
-    Column("generation", BigInteger, nullable=False),
+    Column("stream_generation", BigInteger, nullable=False),
     Column("durable_seq", BigInteger, nullable=False),
     Column("runtime_state", JsonColumn, nullable=False),
     Column("pending_prompts", JsonColumn, nullable=False),

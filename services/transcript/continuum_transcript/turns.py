@@ -192,21 +192,21 @@ async def outline(
     *,
     start_turn: int,
     limit: int,
-    generation_pin: int | None,
+    stream_generation_pin: int | None,
     seq_pin: int | None,
-    current_generation: int,
+    current_stream_generation: int,
     durable_seq: int,
 ) -> api.GetHistoryOutlineResponse:
     """One page of the session's outline, from turn `start_turn`, at most `limit` turns.
 
     `start_turn` and `limit` must already be validated (one-based, positive). A first page
-    passes no pins and gets the cut it was served at (`generation`, `snapshot_sequence`);
+    passes no pins and gets the cut it was served at (`stream_generation`, `snapshot_sequence`);
     later pages pass that cut back, so turns committed since never shift or extend them. A pin
-    of another generation (a rewrite happened) answers STALE without entries. Refreshes the
+    of another stream generation (a rewrite happened) answers STALE without entries. Refreshes the
     index, so call it inside a transaction that commits.
     """
-    if generation_pin and generation_pin != current_generation:
-        return api.GetHistoryOutlineResponse(status=api.PIN_STATUS_STALE, generation=current_generation)
+    if stream_generation_pin and stream_generation_pin != current_stream_generation:
+        return api.GetHistoryOutlineResponse(status=api.PIN_STATUS_STALE, stream_generation=current_stream_generation)
     coverage = await refresh(connection, session_id, durable_seq)
     snapshot = seq_pin if seq_pin else coverage
     visible = (turns.c.session_id == session_id) & (turns.c.commit_seq <= snapshot)
@@ -220,7 +220,7 @@ async def outline(
     page = found[:limit]
     return api.GetHistoryOutlineResponse(
         status=api.PIN_STATUS_OK,
-        generation=current_generation,
+        stream_generation=current_stream_generation,
         snapshot_sequence=snapshot,
         coverage_sequence=coverage,
         total_turns=int(total or 0),
@@ -448,7 +448,7 @@ def _entry(row: _Row) -> api.OutlineEntry:
     if row.answer_preview is not None:
         entry.answer = str(row.answer_preview)
     if row.finished_ms is not None:
-        entry.elapsed_ms = max(0, int(row.finished_ms) - int(row.started_ms))
+        entry.elapsed.FromMilliseconds(max(0, int(row.finished_ms) - int(row.started_ms)))
     if row.sampling_count is not None:
         entry.sampling_count = int(row.sampling_count)
     if row.tool_call_count is not None:

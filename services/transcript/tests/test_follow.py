@@ -65,10 +65,10 @@ async def test_baseline_snapshot_then_chained_suffix(transcript: TranscriptClien
     handshake, begin, records = snapshot[0].handshake, snapshot[1].snapshot_begin, snapshot[2].snapshot_records
     assert handshake.protocol == "transcript-v2" and handshake.mode == fpb.FOLLOW_MODE_BASELINE
     assert [m.message_id for m in records.messages] == ids[-32:] and records.has_older
-    assert records.history.snapshot_seq == begin.seq == snapshot[-1].snapshot_end.seq
+    assert records.history.snapshot_sequence == begin.seq == snapshot[-1].snapshot_end.seq
     assert records.history.before_message_id == ids[-32]
-    generation = snapshot[0].generation
-    assert all(frame.generation == generation for frame in snapshot)
+    stream_generation = snapshot[0].stream_generation
+    assert all(frame.stream_generation == stream_generation for frame in snapshot)
 
     await append(transcript, sid, user("after"))
     await _publish(transcript, sid)  # invisible: still advances the sequence
@@ -180,23 +180,23 @@ async def test_resume_inside_the_window_gets_only_the_suffix(transcript: Transcr
     await append(transcript, sid, user("one"))
     follower = Follower(transcript, sid)
     snapshot = await follower.until("snapshot_end")
-    generation, seq = snapshot[0].generation, snapshot[-1].snapshot_end.seq
+    stream_generation, seq = snapshot[0].stream_generation, snapshot[-1].snapshot_end.seq
     follower.close()
     await append(transcript, sid, user("two"))
     ref = _ref()
     await _open(transcript, sid, ref)
     await _chunks(transcript, sid, ref, 0, "typing")
-    resumed = Follower(transcript, sid, resume=(generation, seq))
+    resumed = Follower(transcript, sid, resume=(stream_generation, seq))
     frames = [await resumed.next() for _ in range(3)]
     assert kinds(frames) == ["handshake", "snapshot_prefix", "batch"]
     assert frames[0].handshake.mode == fpb.FOLLOW_MODE_RESUME
     assert frames[1].snapshot_prefix.text == "typing"
     assert frames[2].batch.base_seq == seq and frames[2].batch.messages[0].content[0].text == "two"
     resumed.close()
-    stale = Follower(transcript, sid, resume=(generation - 1, seq))
+    stale = Follower(transcript, sid, resume=(stream_generation - 1, seq))
     assert (await stale.next()).handshake.mode == fpb.FOLLOW_MODE_BASELINE
     stale.close()
-    ahead = Follower(transcript, sid, resume=(generation, seq + 100))
+    ahead = Follower(transcript, sid, resume=(stream_generation, seq + 100))
     assert (await ahead.next()).handshake.mode == fpb.FOLLOW_MODE_BASELINE
     ahead.close()
 
@@ -209,7 +209,7 @@ async def test_cursor_older_than_the_replay_window_gets_a_baseline(tmp_path: Pat
         follower.close()
         for index in range(20):
             await append(client, sid, user(f"m{index}"))
-        old = Follower(client, sid, resume=(snapshot[0].generation, snapshot[-1].snapshot_end.seq))
+        old = Follower(client, sid, resume=(snapshot[0].stream_generation, snapshot[-1].snapshot_end.seq))
         assert (await old.next()).handshake.mode == fpb.FOLLOW_MODE_BASELINE
         old.close()
 
@@ -244,10 +244,10 @@ async def test_rewrite_ends_followers_and_pins_go_stale(transcript: TranscriptCl
     ids = await append(transcript, sid, user("q1"), assistant("a1"), user("q2"))
     follower = Follower(transcript, sid)
     snapshot = await follower.until("snapshot_end")
-    generation, cut = snapshot[0].generation, snapshot[-1].snapshot_end.seq
+    stream_generation, cut = snapshot[0].stream_generation, snapshot[-1].snapshot_end.seq
     await append(transcript, sid, assistant("a2"))
     pinned = await transcript.stub.ListMessagePage(
-        api.ListMessagePageRequest(session_id=sid, generation=generation, snapshot_seq=cut),
+        api.ListMessagePageRequest(session_id=sid, stream_generation=stream_generation, snapshot_sequence=cut),
         metadata=transcript.as_user(ALICE),
     )
     assert pinned.status == api.PIN_STATUS_OK and [m.message_id for m in pinned.messages] == ids
@@ -258,13 +258,13 @@ async def test_rewrite_ends_followers_and_pins_go_stale(transcript: TranscriptCl
     frames = await follower.until("resync")
     assert frames[-1].resync.reason == fpb.RESYNC_REASON_REWRITE and not frames[-1].resync.resumable
     stale = await transcript.stub.ListMessagePage(
-        api.ListMessagePageRequest(session_id=sid, generation=generation, snapshot_seq=cut),
+        api.ListMessagePageRequest(session_id=sid, stream_generation=stream_generation, snapshot_sequence=cut),
         metadata=transcript.as_user(ALICE),
     )
     assert stale.status == api.PIN_STATUS_STALE and list(stale.messages) == []
-    fresh = Follower(transcript, sid, resume=(generation, cut))
+    fresh = Follower(transcript, sid, resume=(stream_generation, cut))
     first = await fresh.next()
-    assert first.handshake.mode == fpb.FOLLOW_MODE_BASELINE and first.generation > generation
+    assert first.handshake.mode == fpb.FOLLOW_MODE_BASELINE and first.stream_generation > stream_generation
     fresh.close()
 
 
@@ -275,12 +275,12 @@ async def test_restarted_publisher_is_a_new_generation_with_everything_durable(
         sid = await create_session(client)
         ids = await append(client, sid, user("before restart"))
         follower = Follower(client, sid)
-        generation = (await follower.until("snapshot_end"))[0].generation
+        stream_generation = (await follower.until("snapshot_end"))[0].stream_generation
         follower.close()
     async with running_transcript(tmp_path, database_url) as client:
-        follower = Follower(client, sid, resume=(generation, 1))
+        follower = Follower(client, sid, resume=(stream_generation, 1))
         frames = await follower.until("snapshot_end")
-        assert frames[0].handshake.mode == fpb.FOLLOW_MODE_BASELINE and frames[0].generation > generation
+        assert frames[0].handshake.mode == fpb.FOLLOW_MODE_BASELINE and frames[0].stream_generation > stream_generation
         records = next(f.snapshot_records for f in frames if f.HasField("snapshot_records"))
         assert [m.message_id for m in records.messages] == ids
         more = await append(client, sid, user("after restart"))

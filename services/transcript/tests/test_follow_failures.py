@@ -149,7 +149,7 @@ async def test_sigkill_mid_stream_loses_nothing_persisted_and_never_completes_th
         await channel.close()
         if process.returncode is None:
             process.kill()
-    old_generation = seen[0].generation
+    old_generation = seen[0].stream_generation
     last_seq = max((f.batch.seq for f in seen if f.HasField("batch")), default=0)
 
     process, port = await serve_in_subprocess(tmp_path, database_url)
@@ -160,13 +160,13 @@ async def test_sigkill_mid_stream_loses_nothing_persisted_and_never_completes_th
             api.FollowRequest(
                 session_id="s",
                 capabilities=["transcript-v2"],
-                resume=fpb.FollowCursor(generation=old_generation, seq=last_seq),
+                resume=fpb.FollowCursor(stream_generation=old_generation, seq=last_seq),
             ),
             metadata=alice,
         )
         handshake = await again.read()
-        assert handshake.handshake.mode == fpb.FOLLOW_MODE_BASELINE, "a new process is a new generation"
-        assert handshake.generation > old_generation
+        assert handshake.handshake.mode == fpb.FOLLOW_MODE_BASELINE, "a new process is a new stream generation"
+        assert handshake.stream_generation > old_generation
         again.cancel()
         stored = {m.message_id: m.content[0].text for m in await all_messages(stub, alice, "s")}
     finally:

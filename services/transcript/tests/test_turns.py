@@ -84,7 +84,7 @@ class Session:
         self.session_id = session_id
         self.seq = 0
         self.clock = 1_000
-        self.generation = 1
+        self.stream_generation = 1
 
     async def commit(self, *rows: dict[str, Any], poison: bool = False) -> list[int]:
         """Insert `rows` as the next batch and advance the durable sequence; returns their ids."""
@@ -110,7 +110,7 @@ class Session:
                     continue
                 found = await connection.execute(insert(messages).values(values).returning(messages.c.message_id))
                 ids.append(int(found.scalar_one()))
-            runtime = {"generation": self.generation, "durable_seq": self.seq, "update_ms": self.clock}
+            runtime = {"stream_generation": self.stream_generation, "durable_seq": self.seq, "update_ms": self.clock}
             changed = await connection.execute(
                 update(session_runtime).where(session_runtime.c.session_id == self.session_id).values(runtime)
             )
@@ -128,7 +128,7 @@ class Session:
             return await turns.refresh(connection, self.session_id, self.seq)
 
     async def outline(
-        self, start_turn: int = 1, limit: int = 128, generation: int = 0, seq: int = 0
+        self, start_turn: int = 1, limit: int = 128, stream_generation: int = 0, seq: int = 0
     ) -> api.GetHistoryOutlineResponse:
         """One outline page as the servicer would ask for it."""
         async with self.database.transaction() as connection:
@@ -137,9 +137,9 @@ class Session:
                 self.session_id,
                 start_turn=start_turn,
                 limit=limit,
-                generation_pin=generation,
+                stream_generation_pin=stream_generation,
                 seq_pin=seq,
-                current_generation=self.generation,
+                current_stream_generation=self.stream_generation,
                 durable_seq=self.seq,
             )
 
@@ -208,11 +208,11 @@ async def test_turns_split_at_prompts_with_positions_previews_and_final_answers(
     assert (first.turn, first.message_id, first.position, first.prompt) == (1, ids[1], 1, "run the tests please")
     # The last assistant message with text and no tool calls answers, even before later tool work.
     assert (first.answer, first.final_message_id) == ("all green", ids[7])
-    assert first.elapsed_ms == 600
+    assert first.elapsed.ToMilliseconds() == 600
     assert (second.turn, second.message_id, second.position) == (2, ids[10], 10)
     assert len(second.prompt) <= turns.PREVIEW_CHARS and second.prompt.endswith("…")
     assert second.prompt.startswith("x" * 150 + " y")
-    assert not second.HasField("answer") and second.final_message_id == 0 and second.elapsed_ms == 0
+    assert not second.HasField("answer") and second.final_message_id == 0 and second.elapsed.ToMilliseconds() == 0
     # An empty assistant reply is no answer.
     assert (third.turn, third.position, third.prompt, third.HasField("answer")) == (3, 13, "third", False)
     # Imported history has no sampling records: no counts are invented.
@@ -298,21 +298,21 @@ async def test_a_rewrite_invalidates_and_the_next_read_rebuilds(database: Databa
     ids = await log.commit(user("one"), assistant("a1"), user("two"), assistant("a2"), user("three"))
     before = await log.outline()
     assert before.total_turns == 3
-    # What EditUserMessage does: edit, delete everything later, bump the generation, invalidate.
+    # What EditUserMessage does: edit, delete everything later, bump the history generation, invalidate.
     async with database.transaction() as connection:
         await connection.execute(
             update(messages).where(messages.c.message_id == ids[2]).values(content=[{"text": "two, edited"}])
         )
         await connection.execute(update(messages).where(messages.c.message_id > ids[2]).values(deleted=True))
-        await connection.execute(update(session_runtime).values(generation=2))
+        await connection.execute(update(session_runtime).values(stream_generation=2))
         await turns.invalidate(connection, log.session_id)
         assert await connection.scalar(select(turn_index_state.c.version)) is None
-    log.generation = 2
-    stale = await log.outline(start_turn=2, generation=before.generation, seq=before.snapshot_sequence)
-    assert (stale.status, stale.generation, list(stale.entries)) == (api.PIN_STATUS_STALE, 2, [])
+    log.stream_generation = 2
+    stale = await log.outline(start_turn=2, stream_generation=before.stream_generation, seq=before.snapshot_sequence)
+    assert (stale.status, stale.stream_generation, list(stale.entries)) == (api.PIN_STATUS_STALE, 2, [])
     await log.commit(assistant("a2, again"))
     after = await log.outline()
-    assert (after.status, after.generation, after.total_turns) == (api.PIN_STATUS_OK, 2, 2)
+    assert (after.status, after.stream_generation, after.total_turns) == (api.PIN_STATUS_OK, 2, 2)
     assert [(e.prompt, e.answer) for e in after.entries] == [("one", "a1"), ("two, edited", "a2, again")]
 
 
@@ -322,7 +322,7 @@ async def test_outline_pages_and_pinned_pages_ignore_later_turns(database: Datab
         await log.commit(user(f"prompt {number}"), assistant(f"answer {number}"))
     first = await log.outline(limit=2)
     assert (_turns(first), first.next_turn, first.done, first.total_turns) == ([1, 2], 3, False, 5)
-    pin = {"generation": first.generation, "seq": first.snapshot_sequence}
+    pin = {"stream_generation": first.stream_generation, "seq": first.snapshot_sequence}
     # Turns committed after the first page must not shift or extend the pinned listing.
     await log.commit(user("prompt 6"), assistant("answer 6"))
     second = await log.outline(start_turn=first.next_turn, limit=2, **pin)
@@ -339,9 +339,14 @@ async def test_outline_pages_and_pinned_pages_ignore_later_turns(database: Datab
 async def test_a_stale_generation_pin_answers_stale_without_entries(database: Database) -> None:
     log = Session(database)
     await log.commit(user("hello"), assistant("hi"))
-    log.generation = 3
-    stale = await log.outline(generation=2, seq=1)
-    assert (stale.status, stale.generation, len(stale.entries), stale.total_turns) == (api.PIN_STATUS_STALE, 3, 0, 0)
+    log.stream_generation = 3
+    stale = await log.outline(stream_generation=2, seq=1)
+    assert (stale.status, stale.stream_generation, len(stale.entries), stale.total_turns) == (
+        api.PIN_STATUS_STALE,
+        3,
+        0,
+        0,
+    )
 
 
 async def test_an_empty_session_has_an_empty_done_outline(database: Database) -> None:

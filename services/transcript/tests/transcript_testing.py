@@ -132,7 +132,7 @@ class Follower:
     def __init__(self, client: TranscriptClient, session_id: str, *, resume: tuple[int, int] | None = None) -> None:
         request = api.FollowRequest(session_id=session_id, capabilities=["transcript-v2"])
         if resume is not None:
-            request.resume.CopyFrom(fpb.FollowCursor(generation=resume[0], seq=resume[1]))
+            request.resume.CopyFrom(fpb.FollowCursor(stream_generation=resume[0], seq=resume[1]))
         self.call = client.stub.Follow(request, metadata=client.as_user("alice"))
         self.frames: list[Any] = []
 

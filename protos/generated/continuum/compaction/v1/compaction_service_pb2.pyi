@@ -4,8 +4,9 @@ isort:skip_file
 """
 
 from collections import abc as _abc
-from continuum.compaction.v1 import resources_pb2 as _resources_pb2
-from continuum.transcript.v1 import resources_pb2 as _resources_pb2_1
+from continuum.compaction.events.v1 import events_pb2 as _events_pb2
+from continuum.compaction.v1 import resources_pb2 as _resources_pb2_1
+from continuum.transcript.v1 import resources_pb2 as _resources_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
@@ -187,8 +188,8 @@ class CompactionReport(_message.Message):
     EVENT_ID_FIELD_NUMBER: _builtins.int
     FACTS_FOUND_FIELD_NUMBER: _builtins.int
     FACTS_KEPT_FIELD_NUMBER: _builtins.int
-    outcome: _resources_pb2.CompactionOutcome.ValueType
-    trigger_mode: _resources_pb2.TriggerMode.ValueType
+    outcome: _events_pb2.CompactionOutcome.ValueType
+    trigger_mode: _events_pb2.TriggerMode.ValueType
     """UNSPECIFIED when nothing ran."""
     boundary_before: _builtins.int
     boundary_after: _builtins.int
@@ -203,8 +204,8 @@ class CompactionReport(_message.Message):
     def __init__(
         self,
         *,
-        outcome: _resources_pb2.CompactionOutcome.ValueType = ...,
-        trigger_mode: _resources_pb2.TriggerMode.ValueType = ...,
+        outcome: _events_pb2.CompactionOutcome.ValueType = ...,
+        trigger_mode: _events_pb2.TriggerMode.ValueType = ...,
         boundary_before: _builtins.int = ...,
         boundary_after: _builtins.int = ...,
         boundary_was_invalid: _builtins.bool = ...,
@@ -236,21 +237,21 @@ class BuildContextResponse(_message.Message):
     boundary_message_id: _builtins.int
     """The boundary the history starts after (0 when there is no summary)."""
     @_builtins.property
-    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_resources_pb2_1.Message]:
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_resources_pb2.Message]:
         """The history to send: the summary as one SYSTEM message (message_id 0) when there is one, then
         the messages after the boundary in model order.
         """
 
     @_builtins.property
-    def manifest(self) -> _resources_pb2.ContextManifest: ...
+    def manifest(self) -> _events_pb2.ContextManifest: ...
     @_builtins.property
     def compaction(self) -> Global___CompactionReport: ...
     def __init__(
         self,
         *,
         system_prompt: _builtins.str = ...,
-        messages: _abc.Iterable[_resources_pb2_1.Message] | None = ...,
-        manifest: _resources_pb2.ContextManifest | None = ...,
+        messages: _abc.Iterable[_resources_pb2.Message] | None = ...,
+        manifest: _events_pb2.ContextManifest | None = ...,
         compaction: Global___CompactionReport | None = ...,
         boundary_message_id: _builtins.int = ...,
     ) -> None: ...
@@ -345,13 +346,13 @@ class GetCompactionSummaryResponse(_message.Message):
 
     SUMMARY_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def summary(self) -> _resources_pb2.CompactionSummary:
+    def summary(self) -> _resources_pb2_1.CompactionSummary:
         """Unset when the session has no summary (not an error)."""
 
     def __init__(
         self,
         *,
-        summary: _resources_pb2.CompactionSummary | None = ...,
+        summary: _resources_pb2_1.CompactionSummary | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["summary", b"summary"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -373,7 +374,7 @@ class ListCompactionEventsRequest(_message.Message):
     INCLUDE_SUMMARY_TEXT_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     page_size: _builtins.int
-    """At most 100; 20 when zero."""
+    """At most 100; 20 when zero. A page also ends early once it holds about 4 MiB."""
     page_token: _builtins.str
     include_summary_text: _builtins.bool
     """Include each event's summary text (off by default: summaries can be long)."""
@@ -403,11 +404,11 @@ class ListCompactionEventsResponse(_message.Message):
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
     @_builtins.property
-    def events(self) -> _containers.RepeatedCompositeFieldContainer[_resources_pb2.CompactionEvent]: ...
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[_resources_pb2_1.CompactionEvent]: ...
     def __init__(
         self,
         *,
-        events: _abc.Iterable[_resources_pb2.CompactionEvent] | None = ...,
+        events: _abc.Iterable[_resources_pb2_1.CompactionEvent] | None = ...,
         next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015

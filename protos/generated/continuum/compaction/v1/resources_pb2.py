@@ -22,26 +22,20 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from continuum.compaction.events.v1 import events_pb2 as continuum_dot_compaction_dot_events_dot_v1_dot_events__pb2
+from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'continuum/compaction/v1/resources.proto\x12\x17\x63ontinuum.compaction.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x95\x02\n\x11\x43ompactionSummary\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x14\n\x0csummary_text\x18\x02 \x01(\t\x12!\n\x19last_compacted_message_id\x18\x03 \x01(\x03\x12\x15\n\rcompact_count\x18\x04 \x01(\x05\x12\r\n\x05model\x18\x05 \x01(\t\x12\x14\n\x0cinput_tokens\x18\x06 \x01(\x03\x12\x15\n\routput_tokens\x18\x07 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xf9\x03\n\x0f\x43ompactionEvent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\x03\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12:\n\x0ctrigger_mode\x18\x03 \x01(\x0e\x32$.continuum.compaction.v1.TriggerMode\x12;\n\x07outcome\x18\x04 \x01(\x0e\x32*.continuum.compaction.v1.CompactionOutcome\x12\x17\n\x0f\x62oundary_before\x18\x05 \x01(\x03\x12\x16\n\x0e\x62oundary_after\x18\x06 \x01(\x03\x12\x1f\n\x17\x65stimated_tokens_before\x18\x07 \x01(\x03\x12\x1e\n\x16\x65stimated_tokens_after\x18\x08 \x01(\x03\x12\r\n\x05model\x18\t \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\n \x01(\x03\x12\x19\n\x11\x62\x61tches_succeeded\x18\x0b \x01(\x05\x12\x16\n\x0e\x62\x61tches_failed\x18\x0c \x01(\x05\x12\x13\n\x0b\x66\x61\x63ts_found\x18\r \x01(\x05\x12\x12\n\nfacts_kept\x18\x0e \x01(\x05\x12\x14\n\x0csummary_text\x18\x0f \x01(\t\x12\x0e\n\x06run_id\x18\x10 \x01(\t\x12/\n\x0b\x63reate_time\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"U\n\x0e\x43ontextSection\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05label\x18\x02 \x01(\t\x12\x18\n\x10\x65stimated_tokens\x18\x03 \x01(\x03\x12\r\n\x05\x63ount\x18\x04 \x01(\x05\"\xd0\x01\n\x0f\x43ontextManifest\x12\x39\n\x08sections\x18\x01 \x03(\x0b\x32\'.continuum.compaction.v1.ContextSection\x12\x12\n\nmemory_ids\x18\x02 \x03(\t\x12\x1f\n\x17\x65\x66\x66\x65\x63tive_window_tokens\x18\x03 \x01(\x03\x12\x1e\n\x16\x65stimated_total_tokens\x18\x04 \x01(\x03\x12\x1c\n\x14tokens_are_estimates\x18\x05 \x01(\x08\x12\x0f\n\x07trimmed\x18\x06 \x01(\x08*\x7f\n\x0bTriggerMode\x12\x1c\n\x18TRIGGER_MODE_UNSPECIFIED\x10\x00\x12\x1e\n\x1aTRIGGER_MODE_REQUEST_START\x10\x01\x12\x19\n\x15TRIGGER_MODE_MID_LOOP\x10\x02\x12\x17\n\x13TRIGGER_MODE_MANUAL\x10\x03*\x94\x02\n\x11\x43ompactionOutcome\x12\"\n\x1e\x43OMPACTION_OUTCOME_UNSPECIFIED\x10\x00\x12$\n COMPACTION_OUTCOME_NOT_TRIGGERED\x10\x01\x12 \n\x1c\x43OMPACTION_OUTCOME_COMPACTED\x10\x02\x12\x1f\n\x1b\x43OMPACTION_OUTCOME_CONFLICT\x10\x03\x12\x1d\n\x19\x43OMPACTION_OUTCOME_FAILED\x10\x04\x12(\n$COMPACTION_OUTCOME_HISTORY_REWRITTEN\x10\x05\x12)\n%COMPACTION_OUTCOME_NOTHING_TO_COMPACT\x10\x06\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'continuum/compaction/v1/resources.proto\x12\x17\x63ontinuum.compaction.v1\x1a+continuum/compaction/events/v1/events.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x95\x02\n\x11\x43ompactionSummary\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x14\n\x0csummary_text\x18\x02 \x01(\t\x12!\n\x19last_compacted_message_id\x18\x03 \x01(\x03\x12\x15\n\rcompact_count\x18\x04 \x01(\x05\x12\r\n\x05model\x18\x05 \x01(\t\x12\x14\n\x0cinput_tokens\x18\x06 \x01(\x03\x12\x15\n\routput_tokens\x18\x07 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x9f\x04\n\x0f\x43ompactionEvent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\x03\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x41\n\x0ctrigger_mode\x18\x03 \x01(\x0e\x32+.continuum.compaction.events.v1.TriggerMode\x12\x42\n\x07outcome\x18\x04 \x01(\x0e\x32\x31.continuum.compaction.events.v1.CompactionOutcome\x12\x17\n\x0f\x62oundary_before\x18\x05 \x01(\x03\x12\x16\n\x0e\x62oundary_after\x18\x06 \x01(\x03\x12\x1f\n\x17\x65stimated_tokens_before\x18\x07 \x01(\x03\x12\x1e\n\x16\x65stimated_tokens_after\x18\x08 \x01(\x03\x12\r\n\x05model\x18\t \x01(\t\x12+\n\x08\x64uration\x18\n \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x19\n\x11\x62\x61tches_succeeded\x18\x0b \x01(\x05\x12\x16\n\x0e\x62\x61tches_failed\x18\x0c \x01(\x05\x12\x13\n\x0b\x66\x61\x63ts_found\x18\r \x01(\x05\x12\x12\n\nfacts_kept\x18\x0e \x01(\x05\x12\x14\n\x0csummary_text\x18\x0f \x01(\t\x12\x0e\n\x06run_id\x18\x10 \x01(\t\x12/\n\x0b\x63reate_time\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestampb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'continuum.compaction.v1.resources_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TRIGGERMODE']._serialized_start=1187
-  _globals['_TRIGGERMODE']._serialized_end=1314
-  _globals['_COMPACTIONOUTCOME']._serialized_start=1317
-  _globals['_COMPACTIONOUTCOME']._serialized_end=1593
-  _globals['_COMPACTIONSUMMARY']._serialized_start=102
-  _globals['_COMPACTIONSUMMARY']._serialized_end=379
-  _globals['_COMPACTIONEVENT']._serialized_start=382
-  _globals['_COMPACTIONEVENT']._serialized_end=887
-  _globals['_CONTEXTSECTION']._serialized_start=889
-  _globals['_CONTEXTSECTION']._serialized_end=974
-  _globals['_CONTEXTMANIFEST']._serialized_start=977
-  _globals['_CONTEXTMANIFEST']._serialized_end=1185
+  _globals['_COMPACTIONSUMMARY']._serialized_start=179
+  _globals['_COMPACTIONSUMMARY']._serialized_end=456
+  _globals['_COMPACTIONEVENT']._serialized_start=459
+  _globals['_COMPACTIONEVENT']._serialized_end=1002
 # @@protoc_insertion_point(module_scope)

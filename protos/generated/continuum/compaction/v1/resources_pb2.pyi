@@ -3,12 +3,11 @@
 isort:skip_file
 """
 
-from collections import abc as _abc
+from continuum.compaction.events.v1 import events_pb2 as _events_pb2
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
-from google.protobuf.internal import containers as _containers
-from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -19,70 +18,6 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
-
-class _TriggerMode:
-    ValueType = _typing.NewType("ValueType", _builtins.int)
-    V: _TypeAlias = ValueType  # noqa: Y015
-
-class _TriggerModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TriggerMode.ValueType], _builtins.type):
-    DESCRIPTOR: _descriptor.EnumDescriptor
-    TRIGGER_MODE_UNSPECIFIED: _TriggerMode.ValueType  # 0
-    TRIGGER_MODE_REQUEST_START: _TriggerMode.ValueType  # 1
-    """Before the first model request of a turn."""
-    TRIGGER_MODE_MID_LOOP: _TriggerMode.ValueType  # 2
-    """At a tool-round boundary of a running turn."""
-    TRIGGER_MODE_MANUAL: _TriggerMode.ValueType  # 3
-    """Asked for by the user (CompactNow)."""
-
-class TriggerMode(_TriggerMode, metaclass=_TriggerModeEnumTypeWrapper):
-    """Why a compaction ran. Always passed by the caller, never inferred."""
-
-TRIGGER_MODE_UNSPECIFIED: TriggerMode.ValueType  # 0
-TRIGGER_MODE_REQUEST_START: TriggerMode.ValueType  # 1
-"""Before the first model request of a turn."""
-TRIGGER_MODE_MID_LOOP: TriggerMode.ValueType  # 2
-"""At a tool-round boundary of a running turn."""
-TRIGGER_MODE_MANUAL: TriggerMode.ValueType  # 3
-"""Asked for by the user (CompactNow)."""
-Global___TriggerMode: _TypeAlias = TriggerMode  # noqa: Y015
-
-class _CompactionOutcome:
-    ValueType = _typing.NewType("ValueType", _builtins.int)
-    V: _TypeAlias = ValueType  # noqa: Y015
-
-class _CompactionOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CompactionOutcome.ValueType], _builtins.type):
-    DESCRIPTOR: _descriptor.EnumDescriptor
-    COMPACTION_OUTCOME_UNSPECIFIED: _CompactionOutcome.ValueType  # 0
-    COMPACTION_OUTCOME_NOT_TRIGGERED: _CompactionOutcome.ValueType  # 1
-    """Nothing was due (below the threshold, too few candidates, or automatic compaction disabled)."""
-    COMPACTION_OUTCOME_COMPACTED: _CompactionOutcome.ValueType  # 2
-    """A new summary and boundary were persisted."""
-    COMPACTION_OUTCOME_CONFLICT: _CompactionOutcome.ValueType  # 3
-    """Another compaction persisted first; this result was discarded and the latest summary reloaded."""
-    COMPACTION_OUTCOME_FAILED: _CompactionOutcome.ValueType  # 4
-    """The model failed before any batch succeeded, or no safe boundary existed; nothing was persisted."""
-    COMPACTION_OUTCOME_HISTORY_REWRITTEN: _CompactionOutcome.ValueType  # 5
-    """History was rewritten by an edit after it was loaded; the result was discarded."""
-    COMPACTION_OUTCOME_NOTHING_TO_COMPACT: _CompactionOutcome.ValueType  # 6
-    """There were no whole turns left to compact."""
-
-class CompactionOutcome(_CompactionOutcome, metaclass=_CompactionOutcomeEnumTypeWrapper):
-    """How a compaction attempt ended."""
-
-COMPACTION_OUTCOME_UNSPECIFIED: CompactionOutcome.ValueType  # 0
-COMPACTION_OUTCOME_NOT_TRIGGERED: CompactionOutcome.ValueType  # 1
-"""Nothing was due (below the threshold, too few candidates, or automatic compaction disabled)."""
-COMPACTION_OUTCOME_COMPACTED: CompactionOutcome.ValueType  # 2
-"""A new summary and boundary were persisted."""
-COMPACTION_OUTCOME_CONFLICT: CompactionOutcome.ValueType  # 3
-"""Another compaction persisted first; this result was discarded and the latest summary reloaded."""
-COMPACTION_OUTCOME_FAILED: CompactionOutcome.ValueType  # 4
-"""The model failed before any batch succeeded, or no safe boundary existed; nothing was persisted."""
-COMPACTION_OUTCOME_HISTORY_REWRITTEN: CompactionOutcome.ValueType  # 5
-"""History was rewritten by an edit after it was loaded; the result was discarded."""
-COMPACTION_OUTCOME_NOTHING_TO_COMPACT: CompactionOutcome.ValueType  # 6
-"""There were no whole turns left to compact."""
-Global___CompactionOutcome: _TypeAlias = CompactionOutcome  # noqa: Y015
 
 @_typing.final
 class CompactionSummary(_message.Message):
@@ -150,7 +85,7 @@ class CompactionEvent(_message.Message):
     ESTIMATED_TOKENS_BEFORE_FIELD_NUMBER: _builtins.int
     ESTIMATED_TOKENS_AFTER_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
-    DURATION_MS_FIELD_NUMBER: _builtins.int
+    DURATION_FIELD_NUMBER: _builtins.int
     BATCHES_SUCCEEDED_FIELD_NUMBER: _builtins.int
     BATCHES_FAILED_FIELD_NUMBER: _builtins.int
     FACTS_FOUND_FIELD_NUMBER: _builtins.int
@@ -160,15 +95,14 @@ class CompactionEvent(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     event_id: _builtins.int
     session_id: _builtins.str
-    trigger_mode: Global___TriggerMode.ValueType
-    outcome: Global___CompactionOutcome.ValueType
+    trigger_mode: _events_pb2.TriggerMode.ValueType
+    outcome: _events_pb2.CompactionOutcome.ValueType
     boundary_before: _builtins.int
     boundary_after: _builtins.int
     estimated_tokens_before: _builtins.int
     """Estimated tokens of (summary + messages after the boundary) before and after."""
     estimated_tokens_after: _builtins.int
     model: _builtins.str
-    duration_ms: _builtins.int
     batches_succeeded: _builtins.int
     batches_failed: _builtins.int
     facts_found: _builtins.int
@@ -181,20 +115,24 @@ class CompactionEvent(_message.Message):
     run_id: _builtins.str
     """The run that asked for it, when a runtime did."""
     @_builtins.property
+    def duration(self) -> _duration_pb2.Duration:
+        """How long the attempt took."""
+
+    @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
         self,
         *,
         event_id: _builtins.int = ...,
         session_id: _builtins.str = ...,
-        trigger_mode: Global___TriggerMode.ValueType = ...,
-        outcome: Global___CompactionOutcome.ValueType = ...,
+        trigger_mode: _events_pb2.TriggerMode.ValueType = ...,
+        outcome: _events_pb2.CompactionOutcome.ValueType = ...,
         boundary_before: _builtins.int = ...,
         boundary_after: _builtins.int = ...,
         estimated_tokens_before: _builtins.int = ...,
         estimated_tokens_after: _builtins.int = ...,
         model: _builtins.str = ...,
-        duration_ms: _builtins.int = ...,
+        duration: _duration_pb2.Duration | None = ...,
         batches_succeeded: _builtins.int = ...,
         batches_failed: _builtins.int = ...,
         facts_found: _builtins.int = ...,
@@ -203,89 +141,10 @@ class CompactionEvent(_message.Message):
         run_id: _builtins.str = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "duration", b"duration"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches_failed", b"batches_failed", "batches_succeeded", b"batches_succeeded", "boundary_after", b"boundary_after", "boundary_before", b"boundary_before", "create_time", b"create_time", "duration_ms", b"duration_ms", "estimated_tokens_after", b"estimated_tokens_after", "estimated_tokens_before", b"estimated_tokens_before", "event_id", b"event_id", "facts_found", b"facts_found", "facts_kept", b"facts_kept", "model", b"model", "outcome", b"outcome", "run_id", b"run_id", "session_id", b"session_id", "summary_text", b"summary_text", "trigger_mode", b"trigger_mode"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches_failed", b"batches_failed", "batches_succeeded", b"batches_succeeded", "boundary_after", b"boundary_after", "boundary_before", b"boundary_before", "create_time", b"create_time", "duration", b"duration", "estimated_tokens_after", b"estimated_tokens_after", "estimated_tokens_before", b"estimated_tokens_before", "event_id", b"event_id", "facts_found", b"facts_found", "facts_kept", b"facts_kept", "model", b"model", "outcome", b"outcome", "run_id", b"run_id", "session_id", b"session_id", "summary_text", b"summary_text", "trigger_mode", b"trigger_mode"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CompactionEvent: _TypeAlias = CompactionEvent  # noqa: Y015
-
-@_typing.final
-class ContextSection(_message.Message):
-    """One section of the context manifest."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    KEY_FIELD_NUMBER: _builtins.int
-    LABEL_FIELD_NUMBER: _builtins.int
-    ESTIMATED_TOKENS_FIELD_NUMBER: _builtins.int
-    COUNT_FIELD_NUMBER: _builtins.int
-    key: _builtins.str
-    """"system:<key>" for a system-prompt section, "memory", "summary", "messages"."""
-    label: _builtins.str
-    estimated_tokens: _builtins.int
-    """Estimated tokens (UTF-8 bytes / 4)."""
-    count: _builtins.int
-    """Messages or entries in the section, where that means something."""
-    def __init__(
-        self,
-        *,
-        key: _builtins.str = ...,
-        label: _builtins.str = ...,
-        estimated_tokens: _builtins.int = ...,
-        count: _builtins.int = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "estimated_tokens", b"estimated_tokens", "key", b"key", "label", b"label"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___ContextSection: _TypeAlias = ContextSection  # noqa: Y015
-
-@_typing.final
-class ContextManifest(_message.Message):
-    """What one model request is made of, produced from the final request object."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    SECTIONS_FIELD_NUMBER: _builtins.int
-    MEMORY_IDS_FIELD_NUMBER: _builtins.int
-    EFFECTIVE_WINDOW_TOKENS_FIELD_NUMBER: _builtins.int
-    ESTIMATED_TOTAL_TOKENS_FIELD_NUMBER: _builtins.int
-    TOKENS_ARE_ESTIMATES_FIELD_NUMBER: _builtins.int
-    TRIMMED_FIELD_NUMBER: _builtins.int
-    effective_window_tokens: _builtins.int
-    """The window the decision used: the model's own window, else the configured one."""
-    estimated_total_tokens: _builtins.int
-    """Sum of the sections."""
-    tokens_are_estimates: _builtins.bool
-    """Always true: figures are UTF-8 bytes / 4 estimates."""
-    trimmed: _builtins.bool
-    """True when the serialized manifest had to be trimmed to stay within 8 KB: memory ids are dropped
-    first, then section labels are shortened; keys and figures always stay.
-    """
-    @_builtins.property
-    def sections(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContextSection]: ...
-    @_builtins.property
-    def memory_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Ids of the memory entries injected (empty when injection is off or none were given)."""
-
-    def __init__(
-        self,
-        *,
-        sections: _abc.Iterable[Global___ContextSection] | None = ...,
-        memory_ids: _abc.Iterable[_builtins.str] | None = ...,
-        effective_window_tokens: _builtins.int = ...,
-        estimated_total_tokens: _builtins.int = ...,
-        tokens_are_estimates: _builtins.bool = ...,
-        trimmed: _builtins.bool = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["effective_window_tokens", b"effective_window_tokens", "estimated_total_tokens", b"estimated_total_tokens", "memory_ids", b"memory_ids", "sections", b"sections", "tokens_are_estimates", b"tokens_are_estimates", "trimmed", b"trimmed"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___ContextManifest: _TypeAlias = ContextManifest  # noqa: Y015

@@ -22,63 +22,85 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from continuum.compaction.events.v1 import events_pb2 as continuum_dot_compaction_dot_events_dot_v1_dot_events__pb2
 from continuum.transcript.v1 import resources_pb2 as continuum_dot_transcript_dot_v1_dot_resources__pb2
+from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$continuum/transcript/v1/follow.proto\x12\x17\x63ontinuum.transcript.v1\x1a\'continuum/transcript/v1/resources.proto\x1a\x1cgoogle/protobuf/struct.proto\"/\n\x0c\x46ollowCursor\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0b\n\x03seq\x18\x02 \x01(\x03\"z\n\x0cRuntimeState\x12\x30\n\x05state\x18\x01 \x01(\x0e\x32!.continuum.transcript.v1.RunState\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12(\n\x07\x64\x65tails\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"|\n\rPendingPrompt\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x31\n\x04kind\x18\x02 \x01(\x0e\x32#.continuum.transcript.v1.PromptKind\x12%\n\x04\x62ody\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"F\n\x0cRuntimeEvent\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12(\n\x07payload\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\"2\n\nAttemptRef\x12\x13\n\x0bmessage_key\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\"l\n\x0c\x41\x63tivePrefix\x12\x34\n\x07\x61ttempt\x18\x01 \x01(\x0b\x32#.continuum.transcript.v1.AttemptRef\x12\x18\n\x10next_chunk_index\x18\x02 \x01(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\"T\n\rHistoryCursor\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x14\n\x0csnapshot_seq\x18\x02 \x01(\x03\x12\x19\n\x11\x62\x65\x66ore_message_id\x18\x03 \x01(\x03\"\xe6\x02\n\nBatchFrame\x12\x10\n\x08\x62\x61se_seq\x18\x01 \x01(\x03\x12\x0b\n\x03seq\x18\x02 \x01(\x03\x12\x32\n\x08messages\x18\x03 \x03(\x0b\x32 .continuum.transcript.v1.Message\x12<\n\rruntime_state\x18\x04 \x01(\x0b\x32%.continuum.transcript.v1.RuntimeState\x12@\n\x10prompts_upserted\x18\x05 \x03(\x0b\x32&.continuum.transcript.v1.PendingPrompt\x12\x18\n\x10prompts_resolved\x18\x06 \x03(\t\x12\x35\n\x06\x65vents\x18\x07 \x03(\x0b\x32%.continuum.transcript.v1.RuntimeEvent\x12\x34\n\x07settles\x18\x08 \x01(\x0b\x32#.continuum.transcript.v1.AttemptRef\"/\n\x0eWatermarkFrame\x12\x10\n\x08\x62\x61se_seq\x18\x01 \x01(\x03\x12\x0b\n\x03seq\x18\x02 \x01(\x03\"\xa5\x01\n\x0fSettlementFrame\x12\x34\n\x07\x61ttempt\x18\x01 \x01(\x0b\x32#.continuum.transcript.v1.AttemptRef\x12\x0b\n\x03seq\x18\x02 \x01(\x03\x12\x12\n\nmessage_id\x18\x03 \x01(\x03\x12;\n\x07outcome\x18\x04 \x01(\x0e\x32*.continuum.transcript.v1.SettlementOutcome\"W\n\x0bResyncFrame\x12\x35\n\x06reason\x18\x01 \x01(\x0e\x32%.continuum.transcript.v1.ResyncReason\x12\x11\n\tresumable\x18\x02 \x01(\x08\"\x98\x01\n\x0eHandshakeFrame\x12\x10\n\x08protocol\x18\x01 \x01(\t\x12\x31\n\x04mode\x18\x02 \x01(\x0e\x32#.continuum.transcript.v1.FollowMode\x12\x12\n\ncommit_seq\x18\x03 \x01(\x03\x12\x13\n\x0b\x64urable_seq\x18\x04 \x01(\x03\x12\x18\n\x10replay_first_seq\x18\x05 \x01(\x03\"6\n\x12SnapshotBeginFrame\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x13\n\x0b\x64urable_seq\x18\x02 \x01(\x03\"\x96\x01\n\x14SnapshotRecordsFrame\x12\x32\n\x08messages\x18\x01 \x03(\x0b\x32 .continuum.transcript.v1.Message\x12\x11\n\thas_older\x18\x02 \x01(\x08\x12\x37\n\x07history\x18\x03 \x01(\x0b\x32&.continuum.transcript.v1.HistoryCursor\"\x8d\x01\n\x14SnapshotRuntimeFrame\x12<\n\rruntime_state\x18\x01 \x01(\x0b\x32%.continuum.transcript.v1.RuntimeState\x12\x37\n\x07prompts\x18\x02 \x03(\x0b\x32&.continuum.transcript.v1.PendingPrompt\"\x1f\n\x10SnapshotEndFrame\x12\x0b\n\x03seq\x18\x01 \x01(\x03\"9\n\x0eHeartbeatFrame\x12\x12\n\ncommit_seq\x18\x01 \x01(\x03\x12\x13\n\x0b\x64urable_seq\x18\x02 \x01(\x03\"h\n\x14RecoveryFailureFrame\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x12\n\ncommit_seq\x18\x02 \x01(\x03\x12\x13\n\x0b\x64urable_seq\x18\x03 \x01(\x03\x12\x17\n\x0f\x66\x61iled_attempts\x18\x04 \x01(\x05\"%\n\x0eRecoveredFrame\x12\x13\n\x0b\x64urable_seq\x18\x01 \x01(\x03*g\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x12\n\x0eRUN_STATE_IDLE\x10\x01\x12\x15\n\x11RUN_STATE_RUNNING\x10\x02\x12\x15\n\x11RUN_STATE_WAITING\x10\x03*]\n\nPromptKind\x12\x1b\n\x17PROMPT_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14PROMPT_KIND_APPROVAL\x10\x01\x12\x18\n\x14PROMPT_KIND_QUESTION\x10\x02*}\n\x11SettlementOutcome\x12\"\n\x1eSETTLEMENT_OUTCOME_UNSPECIFIED\x10\x00\x12 \n\x1cSETTLEMENT_OUTCOME_COMMITTED\x10\x01\x12\"\n\x1eSETTLEMENT_OUTCOME_INTERRUPTED\x10\x02*\xd7\x01\n\x0cResyncReason\x12\x1d\n\x19RESYNC_REASON_UNSPECIFIED\x10\x00\x12\x1a\n\x16RESYNC_REASON_OVERFLOW\x10\x01\x12\x19\n\x15RESYNC_REASON_REWRITE\x10\x02\x12\x18\n\x14RESYNC_REASON_REBIND\x10\x03\x12\x15\n\x11RESYNC_REASON_GAP\x10\x04\x12$\n RESYNC_REASON_INVALID_SETTLEMENT\x10\x05\x12\x1a\n\x16RESYNC_REASON_SHUTDOWN\x10\x06*[\n\nFollowMode\x12\x1b\n\x17\x46OLLOW_MODE_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46OLLOW_MODE_BASELINE\x10\x01\x12\x16\n\x12\x46OLLOW_MODE_RESUME\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$continuum/transcript/v1/follow.proto\x12\x17\x63ontinuum.transcript.v1\x1a+continuum/compaction/events/v1/events.proto\x1a\'continuum/transcript/v1/resources.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\"B\n\x0c\x46ollowCursor\x12\x1f\n\x11stream_generation\x18\x01 \x01(\x03\x42\x04\xe2\x41\x01\x02\x12\x11\n\x03seq\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x02\"\x8c\x01\n\x0cRuntimeState\x12\x36\n\x05state\x18\x01 \x01(\x0e\x32!.continuum.transcript.v1.RunStateB\x04\xe2\x41\x01\x02\x12\x14\n\x06run_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\x12.\n\x07\x64\x65tails\x18\x03 \x01(\x0b\x32\x17.google.protobuf.StructB\x04\xe2\x41\x01\x01\"\x8e\x01\n\rPendingPrompt\x12\x17\n\tprompt_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x37\n\x04kind\x18\x02 \x01(\x0e\x32#.continuum.transcript.v1.PromptKindB\x04\xe2\x41\x01\x02\x12+\n\x04\x62ody\x18\x03 \x01(\x0b\x32\x17.google.protobuf.StructB\x04\xe2\x41\x01\x01\"\xcd\x02\n\x0cRuntimeEvent\x12O\n\x12\x63ompaction_started\x18\x01 \x01(\x0b\x32\x31.continuum.compaction.events.v1.CompactionStartedH\x00\x12K\n\x10\x63ompaction_ended\x18\x02 \x01(\x0b\x32/.continuum.compaction.events.v1.CompactionEndedH\x00\x12M\n\x11\x63ompaction_marker\x18\x03 \x01(\x0b\x32\x30.continuum.compaction.events.v1.CompactionMarkerH\x00\x12G\n\x0e\x63ontext_window\x18\x04 \x01(\x0b\x32-.continuum.compaction.events.v1.ContextWindowH\x00\x42\x07\n\x05\x65vent\">\n\nAttemptRef\x12\x19\n\x0bmessage_key\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x15\n\x07\x61ttempt\x18\x02 \x01(\x05\x42\x04\xe2\x41\x01\x02\"\x87\x01\n\x0c\x41\x63tivePrefix\x12\x34\n\x07\x61ttempt\x18\x01 \x01(\x0b\x32#.continuum.transcript.v1.AttemptRef\x12\x18\n\x10next_chunk_index\x18\x02 \x01(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x19\n\x11\x66irst_chunk_index\x18\x04 \x01(\x05\"`\n\rHistoryCursor\x12\x19\n\x11stream_generation\x18\x01 \x01(\x03\x12\x19\n\x11snapshot_sequence\x18\x02 \x01(\x03\x12\x19\n\x11\x62\x65\x66ore_message_id\x18\x03 \x01(\x03\"\xe6\x02\n\nBatchFrame\x12\x10\n\x08\x62\x61se_seq\x18\x01 \x01(\x03\x12\x0b\n\x03seq\x18\x02 \x01(\x03\x12\x32\n\x08messages\x18\x03 \x03(\x0b\x32 .continuum.transcript.v1.Message\x12<\n\rruntime_state\x18\x04 \x01(\x0b\x32%.continuum.transcript.v1.RuntimeState\x12@\n\x10prompts_upserted\x18\x05 \x03(\x0b\x32&.continuum.transcript.v1.PendingPrompt\x12\x18\n\x10prompts_resolved\x18\x06 \x03(\t\x12\x35\n\x06\x65vents\x18\x07 \x03(\x0b\x32%.continuum.transcript.v1.RuntimeEvent\x12\x34\n\x07settles\x18\x08 \x01(\x0b\x32#.continuum.transcript.v1.AttemptRef\"/\n\x0eWatermarkFrame\x12\x10\n\x08\x62\x61se_seq\x18\x01 \x01(\x03\x12\x0b\n\x03seq\x18\x02 \x01(\x03\"\xa5\x01\n\x0fSettlementFrame\x12\x34\n\x07\x61ttempt\x18\x01 \x01(\x0b\x32#.continuum.transcript.v1.AttemptRef\x12\x0b\n\x03seq\x18\x02 \x01(\x03\x12\x12\n\nmessage_id\x18\x03 \x01(\x03\x12;\n\x07outcome\x18\x04 \x01(\x0e\x32*.continuum.transcript.v1.SettlementOutcome\"W\n\x0bResyncFrame\x12\x35\n\x06reason\x18\x01 \x01(\x0e\x32%.continuum.transcript.v1.ResyncReason\x12\x11\n\tresumable\x18\x02 \x01(\x08\"\x98\x01\n\x0eHandshakeFrame\x12\x10\n\x08protocol\x18\x01 \x01(\t\x12\x31\n\x04mode\x18\x02 \x01(\x0e\x32#.continuum.transcript.v1.FollowMode\x12\x12\n\ncommit_seq\x18\x03 \x01(\x03\x12\x13\n\x0b\x64urable_seq\x18\x04 \x01(\x03\x12\x18\n\x10replay_first_seq\x18\x05 \x01(\x03\"6\n\x12SnapshotBeginFrame\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x13\n\x0b\x64urable_seq\x18\x02 \x01(\x03\"\x96\x01\n\x14SnapshotRecordsFrame\x12\x32\n\x08messages\x18\x01 \x03(\x0b\x32 .continuum.transcript.v1.Message\x12\x11\n\thas_older\x18\x02 \x01(\x08\x12\x37\n\x07history\x18\x03 \x01(\x0b\x32&.continuum.transcript.v1.HistoryCursor\"\x8d\x01\n\x14SnapshotRuntimeFrame\x12<\n\rruntime_state\x18\x01 \x01(\x0b\x32%.continuum.transcript.v1.RuntimeState\x12\x37\n\x07prompts\x18\x02 \x03(\x0b\x32&.continuum.transcript.v1.PendingPrompt\"\x1f\n\x10SnapshotEndFrame\x12\x0b\n\x03seq\x18\x01 \x01(\x03\"9\n\x0eHeartbeatFrame\x12\x12\n\ncommit_seq\x18\x01 \x01(\x03\x12\x13\n\x0b\x64urable_seq\x18\x02 \x01(\x03\"h\n\x14RecoveryFailureFrame\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x12\n\ncommit_seq\x18\x02 \x01(\x03\x12\x13\n\x0b\x64urable_seq\x18\x03 \x01(\x03\x12\x17\n\x0f\x66\x61iled_attempts\x18\x04 \x01(\x05\"%\n\x0eRecoveredFrame\x12\x13\n\x0b\x64urable_seq\x18\x01 \x01(\x03*g\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x12\n\x0eRUN_STATE_IDLE\x10\x01\x12\x15\n\x11RUN_STATE_RUNNING\x10\x02\x12\x15\n\x11RUN_STATE_WAITING\x10\x03*]\n\nPromptKind\x12\x1b\n\x17PROMPT_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14PROMPT_KIND_APPROVAL\x10\x01\x12\x18\n\x14PROMPT_KIND_QUESTION\x10\x02*}\n\x11SettlementOutcome\x12\"\n\x1eSETTLEMENT_OUTCOME_UNSPECIFIED\x10\x00\x12 \n\x1cSETTLEMENT_OUTCOME_COMMITTED\x10\x01\x12\"\n\x1eSETTLEMENT_OUTCOME_INTERRUPTED\x10\x02*\xd7\x01\n\x0cResyncReason\x12\x1d\n\x19RESYNC_REASON_UNSPECIFIED\x10\x00\x12\x1a\n\x16RESYNC_REASON_OVERFLOW\x10\x01\x12\x19\n\x15RESYNC_REASON_REWRITE\x10\x02\x12\x18\n\x14RESYNC_REASON_REBIND\x10\x03\x12\x15\n\x11RESYNC_REASON_GAP\x10\x04\x12$\n RESYNC_REASON_INVALID_SETTLEMENT\x10\x05\x12\x1a\n\x16RESYNC_REASON_SHUTDOWN\x10\x06*[\n\nFollowMode\x12\x1b\n\x17\x46OLLOW_MODE_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46OLLOW_MODE_BASELINE\x10\x01\x12\x16\n\x12\x46OLLOW_MODE_RESUME\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'continuum.transcript.v1.follow_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RUNSTATE']._serialized_start=2167
-  _globals['_RUNSTATE']._serialized_end=2270
-  _globals['_PROMPTKIND']._serialized_start=2272
-  _globals['_PROMPTKIND']._serialized_end=2365
-  _globals['_SETTLEMENTOUTCOME']._serialized_start=2367
-  _globals['_SETTLEMENTOUTCOME']._serialized_end=2492
-  _globals['_RESYNCREASON']._serialized_start=2495
-  _globals['_RESYNCREASON']._serialized_end=2710
-  _globals['_FOLLOWMODE']._serialized_start=2712
-  _globals['_FOLLOWMODE']._serialized_end=2803
-  _globals['_FOLLOWCURSOR']._serialized_start=136
-  _globals['_FOLLOWCURSOR']._serialized_end=183
-  _globals['_RUNTIMESTATE']._serialized_start=185
-  _globals['_RUNTIMESTATE']._serialized_end=307
-  _globals['_PENDINGPROMPT']._serialized_start=309
-  _globals['_PENDINGPROMPT']._serialized_end=433
-  _globals['_RUNTIMEEVENT']._serialized_start=435
-  _globals['_RUNTIMEEVENT']._serialized_end=505
-  _globals['_ATTEMPTREF']._serialized_start=507
-  _globals['_ATTEMPTREF']._serialized_end=557
-  _globals['_ACTIVEPREFIX']._serialized_start=559
-  _globals['_ACTIVEPREFIX']._serialized_end=667
-  _globals['_HISTORYCURSOR']._serialized_start=669
-  _globals['_HISTORYCURSOR']._serialized_end=753
-  _globals['_BATCHFRAME']._serialized_start=756
-  _globals['_BATCHFRAME']._serialized_end=1114
-  _globals['_WATERMARKFRAME']._serialized_start=1116
-  _globals['_WATERMARKFRAME']._serialized_end=1163
-  _globals['_SETTLEMENTFRAME']._serialized_start=1166
-  _globals['_SETTLEMENTFRAME']._serialized_end=1331
-  _globals['_RESYNCFRAME']._serialized_start=1333
-  _globals['_RESYNCFRAME']._serialized_end=1420
-  _globals['_HANDSHAKEFRAME']._serialized_start=1423
-  _globals['_HANDSHAKEFRAME']._serialized_end=1575
-  _globals['_SNAPSHOTBEGINFRAME']._serialized_start=1577
-  _globals['_SNAPSHOTBEGINFRAME']._serialized_end=1631
-  _globals['_SNAPSHOTRECORDSFRAME']._serialized_start=1634
-  _globals['_SNAPSHOTRECORDSFRAME']._serialized_end=1784
-  _globals['_SNAPSHOTRUNTIMEFRAME']._serialized_start=1787
-  _globals['_SNAPSHOTRUNTIMEFRAME']._serialized_end=1928
-  _globals['_SNAPSHOTENDFRAME']._serialized_start=1930
-  _globals['_SNAPSHOTENDFRAME']._serialized_end=1961
-  _globals['_HEARTBEATFRAME']._serialized_start=1963
-  _globals['_HEARTBEATFRAME']._serialized_end=2020
-  _globals['_RECOVERYFAILUREFRAME']._serialized_start=2022
-  _globals['_RECOVERYFAILUREFRAME']._serialized_end=2126
-  _globals['_RECOVEREDFRAME']._serialized_start=2128
-  _globals['_RECOVEREDFRAME']._serialized_end=2165
+  _globals['_FOLLOWCURSOR'].fields_by_name['stream_generation']._loaded_options = None
+  _globals['_FOLLOWCURSOR'].fields_by_name['stream_generation']._serialized_options = b'\342A\001\002'
+  _globals['_FOLLOWCURSOR'].fields_by_name['seq']._loaded_options = None
+  _globals['_FOLLOWCURSOR'].fields_by_name['seq']._serialized_options = b'\342A\001\002'
+  _globals['_RUNTIMESTATE'].fields_by_name['state']._loaded_options = None
+  _globals['_RUNTIMESTATE'].fields_by_name['state']._serialized_options = b'\342A\001\002'
+  _globals['_RUNTIMESTATE'].fields_by_name['run_id']._loaded_options = None
+  _globals['_RUNTIMESTATE'].fields_by_name['run_id']._serialized_options = b'\342A\001\001'
+  _globals['_RUNTIMESTATE'].fields_by_name['details']._loaded_options = None
+  _globals['_RUNTIMESTATE'].fields_by_name['details']._serialized_options = b'\342A\001\001'
+  _globals['_PENDINGPROMPT'].fields_by_name['prompt_id']._loaded_options = None
+  _globals['_PENDINGPROMPT'].fields_by_name['prompt_id']._serialized_options = b'\342A\001\002'
+  _globals['_PENDINGPROMPT'].fields_by_name['kind']._loaded_options = None
+  _globals['_PENDINGPROMPT'].fields_by_name['kind']._serialized_options = b'\342A\001\002'
+  _globals['_PENDINGPROMPT'].fields_by_name['body']._loaded_options = None
+  _globals['_PENDINGPROMPT'].fields_by_name['body']._serialized_options = b'\342A\001\001'
+  _globals['_ATTEMPTREF'].fields_by_name['message_key']._loaded_options = None
+  _globals['_ATTEMPTREF'].fields_by_name['message_key']._serialized_options = b'\342A\001\002'
+  _globals['_ATTEMPTREF'].fields_by_name['attempt']._loaded_options = None
+  _globals['_ATTEMPTREF'].fields_by_name['attempt']._serialized_options = b'\342A\001\002'
+  _globals['_RUNSTATE']._serialized_start=2618
+  _globals['_RUNSTATE']._serialized_end=2721
+  _globals['_PROMPTKIND']._serialized_start=2723
+  _globals['_PROMPTKIND']._serialized_end=2816
+  _globals['_SETTLEMENTOUTCOME']._serialized_start=2818
+  _globals['_SETTLEMENTOUTCOME']._serialized_end=2943
+  _globals['_RESYNCREASON']._serialized_start=2946
+  _globals['_RESYNCREASON']._serialized_end=3161
+  _globals['_FOLLOWMODE']._serialized_start=3163
+  _globals['_FOLLOWMODE']._serialized_end=3254
+  _globals['_FOLLOWCURSOR']._serialized_start=214
+  _globals['_FOLLOWCURSOR']._serialized_end=280
+  _globals['_RUNTIMESTATE']._serialized_start=283
+  _globals['_RUNTIMESTATE']._serialized_end=423
+  _globals['_PENDINGPROMPT']._serialized_start=426
+  _globals['_PENDINGPROMPT']._serialized_end=568
+  _globals['_RUNTIMEEVENT']._serialized_start=571
+  _globals['_RUNTIMEEVENT']._serialized_end=904
+  _globals['_ATTEMPTREF']._serialized_start=906
+  _globals['_ATTEMPTREF']._serialized_end=968
+  _globals['_ACTIVEPREFIX']._serialized_start=971
+  _globals['_ACTIVEPREFIX']._serialized_end=1106
+  _globals['_HISTORYCURSOR']._serialized_start=1108
+  _globals['_HISTORYCURSOR']._serialized_end=1204
+  _globals['_BATCHFRAME']._serialized_start=1207
+  _globals['_BATCHFRAME']._serialized_end=1565
+  _globals['_WATERMARKFRAME']._serialized_start=1567
+  _globals['_WATERMARKFRAME']._serialized_end=1614
+  _globals['_SETTLEMENTFRAME']._serialized_start=1617
+  _globals['_SETTLEMENTFRAME']._serialized_end=1782
+  _globals['_RESYNCFRAME']._serialized_start=1784
+  _globals['_RESYNCFRAME']._serialized_end=1871
+  _globals['_HANDSHAKEFRAME']._serialized_start=1874
+  _globals['_HANDSHAKEFRAME']._serialized_end=2026
+  _globals['_SNAPSHOTBEGINFRAME']._serialized_start=2028
+  _globals['_SNAPSHOTBEGINFRAME']._serialized_end=2082
+  _globals['_SNAPSHOTRECORDSFRAME']._serialized_start=2085
+  _globals['_SNAPSHOTRECORDSFRAME']._serialized_end=2235
+  _globals['_SNAPSHOTRUNTIMEFRAME']._serialized_start=2238
+  _globals['_SNAPSHOTRUNTIMEFRAME']._serialized_end=2379
+  _globals['_SNAPSHOTENDFRAME']._serialized_start=2381
+  _globals['_SNAPSHOTENDFRAME']._serialized_end=2412
+  _globals['_HEARTBEATFRAME']._serialized_start=2414
+  _globals['_HEARTBEATFRAME']._serialized_end=2471
+  _globals['_RECOVERYFAILUREFRAME']._serialized_start=2473
+  _globals['_RECOVERYFAILUREFRAME']._serialized_end=2577
+  _globals['_RECOVEREDFRAME']._serialized_start=2579
+  _globals['_RECOVEREDFRAME']._serialized_end=2616
 # @@protoc_insertion_point(module_scope)

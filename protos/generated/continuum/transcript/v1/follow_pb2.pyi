@@ -4,6 +4,7 @@ isort:skip_file
 """
 
 from collections import abc as _abc
+from continuum.compaction.events.v1 import events_pb2 as _events_pb2
 from continuum.transcript.v1 import resources_pb2 as _resources_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -91,9 +92,9 @@ class _ResyncReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ResyncRe
     RESYNC_REASON_OVERFLOW: _ResyncReason.ValueType  # 1
     """The follower fell behind its bounded queue."""
     RESYNC_REASON_REWRITE: _ResyncReason.ValueType  # 2
-    """The history was rewritten (an edit): a new generation."""
+    """The history was rewritten (an edit): a new stream generation."""
     RESYNC_REASON_REBIND: _ResyncReason.ValueType  # 3
-    """The publisher restarted or moved: a new generation."""
+    """The publisher restarted or moved: a new stream generation."""
     RESYNC_REASON_GAP: _ResyncReason.ValueType  # 4
     """The resume cursor is outside the replay window."""
     RESYNC_REASON_INVALID_SETTLEMENT: _ResyncReason.ValueType  # 5
@@ -108,9 +109,9 @@ RESYNC_REASON_UNSPECIFIED: ResyncReason.ValueType  # 0
 RESYNC_REASON_OVERFLOW: ResyncReason.ValueType  # 1
 """The follower fell behind its bounded queue."""
 RESYNC_REASON_REWRITE: ResyncReason.ValueType  # 2
-"""The history was rewritten (an edit): a new generation."""
+"""The history was rewritten (an edit): a new stream generation."""
 RESYNC_REASON_REBIND: ResyncReason.ValueType  # 3
-"""The publisher restarted or moved: a new generation."""
+"""The publisher restarted or moved: a new stream generation."""
 RESYNC_REASON_GAP: ResyncReason.ValueType  # 4
 """The resume cursor is outside the replay window."""
 RESYNC_REASON_INVALID_SETTLEMENT: ResyncReason.ValueType  # 5
@@ -143,26 +144,30 @@ Global___FollowMode: _TypeAlias = FollowMode  # noqa: Y015
 
 @_typing.final
 class FollowCursor(_message.Message):
-    """A position in a session's live transcript. Generations never go back; a cursor of an older
-    generation can only be answered with a fresh baseline.
+    """A position in a session's live transcript. Stream generations never go back; a cursor of an
+    older stream generation can only be answered with a fresh baseline.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    GENERATION_FIELD_NUMBER: _builtins.int
+    STREAM_GENERATION_FIELD_NUMBER: _builtins.int
     SEQ_FIELD_NUMBER: _builtins.int
-    generation: _builtins.int
+    stream_generation: _builtins.int
+    """The Follow stream generation (FollowResponse.stream_generation) the cursor belongs to. It
+    changes when the history is rewritten and when the session's publisher rebinds; it is not the
+    session's history_generation.
+    """
     seq: _builtins.int
     """The business sequence the holder has applied."""
     def __init__(
         self,
         *,
-        generation: _builtins.int = ...,
+        stream_generation: _builtins.int = ...,
         seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["seq", b"seq", "stream_generation", b"stream_generation"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -179,10 +184,10 @@ class RuntimeState(_message.Message):
     DETAILS_FIELD_NUMBER: _builtins.int
     state: Global___RunState.ValueType
     run_id: _builtins.str
-    """The run (turn) in progress, if any."""
+    """The run (turn) in progress, if any (at most 256 characters)."""
     @_builtins.property
     def details(self) -> _struct_pb2.Struct:
-        """Free-form details for display (model, step, ...); never message bodies."""
+        """Free-form details for display (model, step, ...; at most 64 KiB); never message bodies."""
 
     def __init__(
         self,
@@ -209,9 +214,12 @@ class PendingPrompt(_message.Message):
     KIND_FIELD_NUMBER: _builtins.int
     BODY_FIELD_NUMBER: _builtins.int
     prompt_id: _builtins.str
+    """1-128 letters, digits or '_.:-'."""
     kind: Global___PromptKind.ValueType
     @_builtins.property
-    def body(self) -> _struct_pb2.Struct: ...
+    def body(self) -> _struct_pb2.Struct:
+        """At most 64 KiB."""
+
     def __init__(
         self,
         *,
@@ -229,28 +237,39 @@ Global___PendingPrompt: _TypeAlias = PendingPrompt  # noqa: Y015
 
 @_typing.final
 class RuntimeEvent(_message.Message):
-    """A runtime event that followers display but that is not part of the history
-    (compaction start/end/marker, context_window with its manifest, ...).
+    """A runtime event that followers display but that is not part of the history. Exactly one event
+    is set; a client that meets a kind it does not know (a newer server) ignores it.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    KIND_FIELD_NUMBER: _builtins.int
-    PAYLOAD_FIELD_NUMBER: _builtins.int
-    kind: _builtins.str
+    COMPACTION_STARTED_FIELD_NUMBER: _builtins.int
+    COMPACTION_ENDED_FIELD_NUMBER: _builtins.int
+    COMPACTION_MARKER_FIELD_NUMBER: _builtins.int
+    CONTEXT_WINDOW_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def payload(self) -> _struct_pb2.Struct: ...
+    def compaction_started(self) -> _events_pb2.CompactionStarted: ...
+    @_builtins.property
+    def compaction_ended(self) -> _events_pb2.CompactionEnded: ...
+    @_builtins.property
+    def compaction_marker(self) -> _events_pb2.CompactionMarker: ...
+    @_builtins.property
+    def context_window(self) -> _events_pb2.ContextWindow: ...
     def __init__(
         self,
         *,
-        kind: _builtins.str = ...,
-        payload: _struct_pb2.Struct | None = ...,
+        compaction_started: _events_pb2.CompactionStarted | None = ...,
+        compaction_ended: _events_pb2.CompactionEnded | None = ...,
+        compaction_marker: _events_pb2.CompactionMarker | None = ...,
+        context_window: _events_pb2.ContextWindow | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["compaction_ended", b"compaction_ended", "compaction_marker", b"compaction_marker", "compaction_started", b"compaction_started", "context_window", b"context_window", "event", b"event"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "payload", b"payload"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compaction_ended", b"compaction_ended", "compaction_marker", b"compaction_marker", "compaction_started", b"compaction_started", "context_window", b"context_window", "event", b"event"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["compaction_started", "compaction_ended", "compaction_marker", "context_window"]  # noqa: Y015
+    _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
 Global___RuntimeEvent: _TypeAlias = RuntimeEvent  # noqa: Y015
 
@@ -265,7 +284,9 @@ class AttemptRef(_message.Message):
     MESSAGE_KEY_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
     message_key: _builtins.str
+    """1-128 letters, digits or '_.:-'."""
     attempt: _builtins.int
+    """At least 1."""
     def __init__(
         self,
         *,
@@ -282,15 +303,21 @@ Global___AttemptRef: _TypeAlias = AttemptRef  # noqa: Y015
 
 @_typing.final
 class ActivePrefix(_message.Message):
-    """The streamed text of an attempt so far: chunks 0..next_chunk_index-1 concatenated."""
+    """The streamed text of an attempt so far, in pieces of bounded size: chunks
+    first_chunk_index..next_chunk_index-1 concatenated. The first piece of an attempt has
+    first_chunk_index 0; each further piece of the same attempt (in the same snapshot or resume)
+    starts where the previous one ended.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     ATTEMPT_FIELD_NUMBER: _builtins.int
     NEXT_CHUNK_INDEX_FIELD_NUMBER: _builtins.int
     TEXT_FIELD_NUMBER: _builtins.int
+    FIRST_CHUNK_INDEX_FIELD_NUMBER: _builtins.int
     next_chunk_index: _builtins.int
     text: _builtins.str
+    first_chunk_index: _builtins.int
     @_builtins.property
     def attempt(self) -> Global___AttemptRef: ...
     def __init__(
@@ -299,10 +326,11 @@ class ActivePrefix(_message.Message):
         attempt: Global___AttemptRef | None = ...,
         next_chunk_index: _builtins.int = ...,
         text: _builtins.str = ...,
+        first_chunk_index: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "next_chunk_index", b"next_chunk_index", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "first_chunk_index", b"first_chunk_index", "next_chunk_index", b"next_chunk_index", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -314,23 +342,23 @@ class HistoryCursor(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    GENERATION_FIELD_NUMBER: _builtins.int
-    SNAPSHOT_SEQ_FIELD_NUMBER: _builtins.int
+    STREAM_GENERATION_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_SEQUENCE_FIELD_NUMBER: _builtins.int
     BEFORE_MESSAGE_ID_FIELD_NUMBER: _builtins.int
-    generation: _builtins.int
-    snapshot_seq: _builtins.int
+    stream_generation: _builtins.int
+    snapshot_sequence: _builtins.int
     before_message_id: _builtins.int
     """The oldest message of the snapshot page (page older from here); 0 when the page is empty."""
     def __init__(
         self,
         *,
-        generation: _builtins.int = ...,
-        snapshot_seq: _builtins.int = ...,
+        stream_generation: _builtins.int = ...,
+        snapshot_sequence: _builtins.int = ...,
         before_message_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["before_message_id", b"before_message_id", "generation", b"generation", "snapshot_seq", b"snapshot_seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["before_message_id", b"before_message_id", "snapshot_sequence", b"snapshot_sequence", "stream_generation", b"stream_generation"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -486,7 +514,7 @@ class HandshakeFrame(_message.Message):
     commit_seq: _builtins.int
     durable_seq: _builtins.int
     replay_first_seq: _builtins.int
-    """Cursors with seq in [replay_first_seq - 1, commit_seq] of this generation can resume."""
+    """Cursors with seq in [replay_first_seq - 1, commit_seq] of this stream generation can resume."""
     def __init__(
         self,
         *,
@@ -639,6 +667,7 @@ class RecoveryFailureFrame(_message.Message):
     DURABLE_SEQ_FIELD_NUMBER: _builtins.int
     FAILED_ATTEMPTS_FIELD_NUMBER: _builtins.int
     reason: _builtins.str
+    """The kind of failure (an exception class name such as "OperationalError"), never its text."""
     commit_seq: _builtins.int
     durable_seq: _builtins.int
     failed_attempts: _builtins.int

@@ -179,7 +179,9 @@ class Session(_message.Message):
     memory_injection_disabled: _builtins.bool
     """When true, no memory section is injected into this session's model requests."""
     history_generation: _builtins.int
-    """Bumped every time the history is rewritten (an edit that truncates later messages)."""
+    """Bumped every time the history is rewritten (an edit that truncates later messages). Not to be
+    confused with the Follow stream generation, which also changes when a publisher rebinds.
+    """
     compaction_fence_message_id: _builtins.int
     """The compaction fence: messages with ids at or below it are covered by the session's summary,
     and an edit of such a USER message is refused with MESSAGE_ALREADY_COMPACTED. 0 when no
@@ -261,7 +263,7 @@ class AttachmentReference(_message.Message):
     MEDIA_TYPE_FIELD_NUMBER: _builtins.int
     attachment_id: _builtins.str
     media_type: _builtins.str
-    """Media type recorded at upload (read-only in responses; ignored on input)."""
+    """Media type recorded at upload (ignored on input)."""
     def __init__(
         self,
         *,
@@ -286,8 +288,12 @@ class ToolCall(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     ARGUMENTS_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
-    """Identifier the matching TOOL message refers to in its tool_call_id."""
+    """Identifier the matching TOOL message refers to in its tool_call_id (at most 256 characters).
+    Models may reuse an id in later rounds: a result answers the nearest earlier unanswered call
+    of its id in the same turn.
+    """
     name: _builtins.str
+    """At most 256 characters."""
     arguments: _builtins.str
     """Arguments as the model produced them (usually JSON text)."""
     def __init__(
@@ -307,7 +313,14 @@ Global___ToolCall: _TypeAlias = ToolCall  # noqa: Y015
 
 @_typing.final
 class Message(_message.Message):
-    """A persisted message. Ids are real, monotonically increasing integers across the store."""
+    """A persisted message. Ids are real, monotonically increasing integers across the store.
+
+    Pages and Follow frames that browsers read carry a message whole only while its body is small
+    (its `body_bytes` within the service's inline limit, and the page or frame within its byte
+    budget). Any other message travels as a stub: `body_deferred` is true, `content` is empty,
+    `tool_calls` and `metadata` are left out, and `preview` holds the beginning of its text (possibly
+    empty). A stub's body is loaded on demand with StreamMessage (or GetMessage).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -322,6 +335,9 @@ class Message(_message.Message):
     DELETED_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     RESULT_TRUNCATED_FIELD_NUMBER: _builtins.int
+    BODY_DEFERRED_FIELD_NUMBER: _builtins.int
+    BODY_BYTES_FIELD_NUMBER: _builtins.int
+    PREVIEW_FIELD_NUMBER: _builtins.int
     message_id: _builtins.int
     session_id: _builtins.str
     role: Global___MessageRole.ValueType
@@ -335,6 +351,16 @@ class Message(_message.Message):
     object with a top-level `"truncated": true`. Detected once when the message is stored and
     kept in its metadata as {"resultTruncated": true} (other metadata keys are kept; a caller
     that sets that key to true itself is believed).
+    """
+    body_deferred: _builtins.bool
+    """True for a stub: the body (content, tool calls, metadata) was left out; see above."""
+    body_bytes: _builtins.int
+    """The size of the body in bytes: the UTF-8 text of the content parts and tool call arguments.
+    Set on every message a page, frame or read returns.
+    """
+    preview: _builtins.str
+    """The beginning of the message's text (at most 256 characters), set on stubs only. Empty when the
+    message has no text (e.g. only tool calls with empty arguments, or only attachments).
     """
     @_builtins.property
     def content(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContentPart]: ...
@@ -358,10 +384,13 @@ class Message(_message.Message):
         deleted: _builtins.bool = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
         result_truncated: _builtins.bool = ...,
+        body_deferred: _builtins.bool = ...,
+        body_bytes: _builtins.int = ...,
+        preview: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "metadata", b"metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "create_time", b"create_time", "deleted", b"deleted", "message_id", b"message_id", "metadata", b"metadata", "result_truncated", b"result_truncated", "role", b"role", "session_id", b"session_id", "status", b"status", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body_bytes", b"body_bytes", "body_deferred", b"body_deferred", "content", b"content", "create_time", b"create_time", "deleted", b"deleted", "message_id", b"message_id", "metadata", b"metadata", "preview", b"preview", "result_truncated", b"result_truncated", "role", b"role", "session_id", b"session_id", "status", b"status", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -381,14 +410,21 @@ class NewMessage(_message.Message):
     STATUS_FIELD_NUMBER: _builtins.int
     role: Global___MessageRole.ValueType
     tool_call_id: _builtins.str
+    """Required on TOOL messages, refused on others."""
     status: Global___MessageStatus.ValueType
     """Defaults to COMPLETE when unspecified."""
     @_builtins.property
-    def content(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContentPart]: ...
+    def content(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContentPart]:
+        """Required unless the message has tool calls or is INTERRUPTED."""
+
     @_builtins.property
-    def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCall]: ...
+    def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCall]:
+        """ASSISTANT messages only; at most 128, with distinct ids."""
+
     @_builtins.property
-    def metadata(self) -> _struct_pb2.Struct: ...
+    def metadata(self) -> _struct_pb2.Struct:
+        """A JSON object of at most 64 KiB."""
+
     def __init__(
         self,
         *,

@@ -86,16 +86,24 @@ class CreateSessionRequest(_message.Message):
     MEMORY_INJECTION_DISABLED_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
-    """Optional caller-chosen id (letters, digits, '-', '_'; at most 64 characters)."""
+    """Optional caller-chosen id (letters, digits, '-', '_'; at most 64 characters). With one, the
+    call is idempotent: the same parameters answer the existing session.
+    """
     parent_session_id: _builtins.str
     """Optional parent; must be a live session of the acting user."""
     kind: _resources_pb2.SessionKind.ValueType
+    """CHAT when unspecified."""
     title: _builtins.str
+    """At most 1,000 characters."""
     model: _builtins.str
+    """At most 200 characters."""
     working_directory: _builtins.str
+    """At most 4,096 characters."""
     memory_injection_disabled: _builtins.bool
     @_builtins.property
-    def metadata(self) -> _struct_pb2.Struct: ...
+    def metadata(self) -> _struct_pb2.Struct:
+        """A JSON object of at most 64 KiB."""
+
     def __init__(
         self,
         *,
@@ -199,8 +207,9 @@ class ListSessionsRequest(_message.Message):
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     PARENT_SESSION_ID_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
-    """At most 200; 50 when zero."""
+    """At most 200; 50 when zero. A page also ends early once it holds about 4 MiB."""
     page_token: _builtins.str
+    """A next_page_token of an earlier call with the same other parameters."""
     parent_session_id: _builtins.str
     """Only sessions whose parent is this id."""
     def __init__(
@@ -257,7 +266,9 @@ class UpdateSessionRequest(_message.Message):
 
     @_builtins.property
     def update_mask(self) -> _field_mask_pb2.FieldMask:
-        """Paths among: title, model, working_directory, memory_injection_disabled, metadata."""
+        """Paths among: title, model, working_directory, memory_injection_disabled, metadata (the JSON
+        names workingDirectory and memoryInjectionDisabled are accepted too).
+        """
 
     def __init__(
         self,
@@ -354,7 +365,9 @@ class AppendMessagesRequest(_message.Message):
     MESSAGES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     @_builtins.property
-    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_resources_pb2.NewMessage]: ...
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_resources_pb2.NewMessage]:
+        """One to 1,000 messages, at most 48 MiB together, each at most 16 MiB (configurable)."""
+
     def __init__(
         self,
         *,
@@ -446,6 +459,97 @@ class GetMessageResponse(_message.Message):
 Global___GetMessageResponse: _TypeAlias = GetMessageResponse  # noqa: Y015
 
 @_typing.final
+class StreamMessageRequest(_message.Message):
+    """Request of StreamMessage."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    message_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        message_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message_id", b"message_id", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamMessageRequest: _TypeAlias = StreamMessageRequest  # noqa: Y015
+
+@_typing.final
+class MessageBodyChunk(_message.Message):
+    """One piece of a message's body."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTENT_INDEX_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_INDEX_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    content_index: _builtins.int
+    """The text of content[content_index] (a text part)."""
+    tool_call_index: _builtins.int
+    """The arguments of tool_calls[tool_call_index]."""
+    text: _builtins.str
+    """At most 256 KiB of UTF-8."""
+    def __init__(
+        self,
+        *,
+        content_index: _builtins.int = ...,
+        tool_call_index: _builtins.int = ...,
+        text: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["content_index", b"content_index", "target", b"target", "tool_call_index", b"tool_call_index"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_index", b"content_index", "target", b"target", "text", b"text", "tool_call_index", b"tool_call_index"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_target: _TypeAlias = _typing.Literal["content_index", "tool_call_index"]  # noqa: Y015
+    _WhichOneofArgType_target: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_target) -> _WhichOneofReturnType_target | None: ...
+
+Global___MessageBodyChunk: _TypeAlias = MessageBodyChunk  # noqa: Y015
+
+@_typing.final
+class StreamMessageResponse(_message.Message):
+    """Response of StreamMessage: one frame of the stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    CHUNK_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def header(self) -> _resources_pb2.Message:
+        """First and only once: the message with every text left empty (text parts with empty text,
+        tool calls with empty arguments); attachment parts, metadata and body_bytes are complete and
+        body_deferred is false.
+        """
+
+    @_builtins.property
+    def chunk(self) -> Global___MessageBodyChunk:
+        """Then, in order (content parts by index, then tool call arguments by index), the texts."""
+
+    def __init__(
+        self,
+        *,
+        header: _resources_pb2.Message | None = ...,
+        chunk: Global___MessageBodyChunk | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "frame", b"frame", "header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "frame", b"frame", "header", b"header"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_frame: _TypeAlias = _typing.Literal["header", "chunk"]  # noqa: Y015
+    _WhichOneofArgType_frame: _TypeAlias = _typing.Literal["frame", b"frame"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_frame) -> _WhichOneofReturnType_frame | None: ...
+
+Global___StreamMessageResponse: _TypeAlias = StreamMessageResponse  # noqa: Y015
+
+@_typing.final
 class ListMessagesAfterRequest(_message.Message):
     """Request of ListMessagesAfter."""
 
@@ -459,7 +563,9 @@ class ListMessagesAfterRequest(_message.Message):
     after_message_id: _builtins.int
     """Exclusive lower bound; 0 reads the whole live history."""
     page_size: _builtins.int
-    """At most 1000; 500 when zero. A page also ends early once it holds about 16 MiB."""
+    """At most 1000; 500 when zero. A page also ends early once its bodies hold 16 MiB (it always
+    holds at least one message, whose body is at most the message size limit).
+    """
     page_token: _builtins.str
     def __init__(
         self,
@@ -513,20 +619,22 @@ class ListMessagePageRequest(_message.Message):
     ANCHOR_MESSAGE_ID_FIELD_NUMBER: _builtins.int
     DIRECTION_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
-    GENERATION_FIELD_NUMBER: _builtins.int
-    SNAPSHOT_SEQ_FIELD_NUMBER: _builtins.int
+    STREAM_GENERATION_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_SEQUENCE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     anchor_message_id: _builtins.int
     """Exclusive anchor; 0 means the end of the history (latest page)."""
     direction: Global___PageDirection.ValueType
     """OLDER when unspecified."""
     page_size: _builtins.int
-    """At most 200; 32 when zero."""
-    generation: _builtins.int
-    """Optional pin (from a snapshot's history cursor): answer STALE unless the session is still in
-    this Follow generation, and show only messages committed at or before snapshot_seq.
+    """At most 200; 32 when zero. Bodies larger than the inline limit, and every body once the page
+    holds its byte budget (1 MiB by default), travel as stubs (see Message).
     """
-    snapshot_seq: _builtins.int
+    stream_generation: _builtins.int
+    """Optional pin (from a snapshot's history cursor): answer STALE unless the session is still in
+    this Follow stream generation, and show only messages committed at or before snapshot_sequence.
+    """
+    snapshot_sequence: _builtins.int
     def __init__(
         self,
         *,
@@ -534,12 +642,12 @@ class ListMessagePageRequest(_message.Message):
         anchor_message_id: _builtins.int = ...,
         direction: Global___PageDirection.ValueType = ...,
         page_size: _builtins.int = ...,
-        generation: _builtins.int = ...,
-        snapshot_seq: _builtins.int = ...,
+        stream_generation: _builtins.int = ...,
+        snapshot_sequence: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["anchor_message_id", b"anchor_message_id", "direction", b"direction", "generation", b"generation", "page_size", b"page_size", "session_id", b"session_id", "snapshot_seq", b"snapshot_seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["anchor_message_id", b"anchor_message_id", "direction", b"direction", "page_size", b"page_size", "session_id", b"session_id", "snapshot_sequence", b"snapshot_sequence", "stream_generation", b"stream_generation"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -555,12 +663,13 @@ class ListMessagePageResponse(_message.Message):
     HAS_OLDER_FIELD_NUMBER: _builtins.int
     HAS_NEWER_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
-    GENERATION_FIELD_NUMBER: _builtins.int
+    STREAM_GENERATION_FIELD_NUMBER: _builtins.int
     has_older: _builtins.bool
     has_newer: _builtins.bool
     status: Global___PinStatus.ValueType
-    """STALE (and no messages) when the pin's generation is gone."""
-    generation: _builtins.int
+    """STALE (and no messages) when the pin's stream generation is gone."""
+    stream_generation: _builtins.int
+    """The session's current Follow stream generation."""
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_resources_pb2.Message]:
         """Ascending by id."""
@@ -572,11 +681,11 @@ class ListMessagePageResponse(_message.Message):
         has_older: _builtins.bool = ...,
         has_newer: _builtins.bool = ...,
         status: Global___PinStatus.ValueType = ...,
-        generation: _builtins.int = ...,
+        stream_generation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "has_newer", b"has_newer", "has_older", b"has_older", "messages", b"messages", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["has_newer", b"has_newer", "has_older", b"has_older", "messages", b"messages", "status", b"status", "stream_generation", b"stream_generation"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -964,7 +1073,9 @@ class RenewClaimsRequest(_message.Message):
     TTL_FIELD_NUMBER: _builtins.int
     claim_id: _builtins.str
     @_builtins.property
-    def ttl(self) -> _duration_pb2.Duration: ...
+    def ttl(self) -> _duration_pb2.Duration:
+        """Lease length from now: 1 s to 1 h."""
+
     def __init__(
         self,
         *,
@@ -1056,7 +1167,7 @@ class ListSessionEventsRequest(_message.Message):
     after_event_id: _builtins.int
     """Exclusive cursor."""
     page_size: _builtins.int
-    """At most 1000; 100 when zero."""
+    """At most 1000; 100 when zero. A page also ends early once it holds about 4 MiB."""
     page_token: _builtins.str
     def __init__(
         self,
@@ -1154,7 +1265,9 @@ class FollowRequest(_message.Message):
     session_id: _builtins.str
     @_builtins.property
     def capabilities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Must include "transcript-v2"; an older peer is refused with UPGRADE_REQUIRED."""
+        """Wire names of continuum.capability.v1.Capability values; must include "transcript-v2" (an
+        older peer is refused with UPGRADE_REQUIRED).
+        """
 
     @_builtins.property
     def resume(self) -> _follow_pb2.FollowCursor:
@@ -1177,11 +1290,14 @@ Global___FollowRequest: _TypeAlias = FollowRequest  # noqa: Y015
 
 @_typing.final
 class FollowResponse(_message.Message):
-    """Response of Follow: one frame of the stream. Every frame names the generation."""
+    """Response of Follow: one frame of the stream. Every frame names the stream generation. No frame
+    grows with the session's history: message bodies above the inline limit, and any once a frame
+    holds its byte budget, travel as stubs (see Message); active prefixes come in bounded pieces.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    GENERATION_FIELD_NUMBER: _builtins.int
+    STREAM_GENERATION_FIELD_NUMBER: _builtins.int
     HANDSHAKE_FIELD_NUMBER: _builtins.int
     SNAPSHOT_BEGIN_FIELD_NUMBER: _builtins.int
     SNAPSHOT_RECORDS_FIELD_NUMBER: _builtins.int
@@ -1197,7 +1313,10 @@ class FollowResponse(_message.Message):
     RECOVERY_FAILURE_FIELD_NUMBER: _builtins.int
     RECOVERED_FIELD_NUMBER: _builtins.int
     RESYNC_FIELD_NUMBER: _builtins.int
-    generation: _builtins.int
+    stream_generation: _builtins.int
+    """The Follow stream generation: bumped by an edit and by a publisher rebind. Distinct from the
+    session's history_generation.
+    """
     @_builtins.property
     def handshake(self) -> _follow_pb2.HandshakeFrame: ...
     @_builtins.property
@@ -1231,7 +1350,7 @@ class FollowResponse(_message.Message):
     def __init__(
         self,
         *,
-        generation: _builtins.int = ...,
+        stream_generation: _builtins.int = ...,
         handshake: _follow_pb2.HandshakeFrame | None = ...,
         snapshot_begin: _follow_pb2.SnapshotBeginFrame | None = ...,
         snapshot_records: _follow_pb2.SnapshotRecordsFrame | None = ...,
@@ -1250,7 +1369,7 @@ class FollowResponse(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["attempt_opened", b"attempt_opened", "batch", b"batch", "chunk", b"chunk", "frame", b"frame", "handshake", b"handshake", "heartbeat", b"heartbeat", "recovered", b"recovered", "recovery_failure", b"recovery_failure", "resync", b"resync", "settlement", b"settlement", "snapshot_begin", b"snapshot_begin", "snapshot_end", b"snapshot_end", "snapshot_prefix", b"snapshot_prefix", "snapshot_records", b"snapshot_records", "snapshot_runtime", b"snapshot_runtime", "watermark", b"watermark"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_opened", b"attempt_opened", "batch", b"batch", "chunk", b"chunk", "frame", b"frame", "generation", b"generation", "handshake", b"handshake", "heartbeat", b"heartbeat", "recovered", b"recovered", "recovery_failure", b"recovery_failure", "resync", b"resync", "settlement", b"settlement", "snapshot_begin", b"snapshot_begin", "snapshot_end", b"snapshot_end", "snapshot_prefix", b"snapshot_prefix", "snapshot_records", b"snapshot_records", "snapshot_runtime", b"snapshot_runtime", "watermark", b"watermark"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_opened", b"attempt_opened", "batch", b"batch", "chunk", b"chunk", "frame", b"frame", "handshake", b"handshake", "heartbeat", b"heartbeat", "recovered", b"recovered", "recovery_failure", b"recovery_failure", "resync", b"resync", "settlement", b"settlement", "snapshot_begin", b"snapshot_begin", "snapshot_end", b"snapshot_end", "snapshot_prefix", b"snapshot_prefix", "snapshot_records", b"snapshot_records", "snapshot_runtime", b"snapshot_runtime", "stream_generation", b"stream_generation", "watermark", b"watermark"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_frame: _TypeAlias = _typing.Literal["handshake", "snapshot_begin", "snapshot_records", "snapshot_runtime", "snapshot_prefix", "snapshot_end", "batch", "watermark", "attempt_opened", "chunk", "settlement", "heartbeat", "recovery_failure", "recovered", "resync"]  # noqa: Y015
     _WhichOneofArgType_frame: _TypeAlias = _typing.Literal["frame", b"frame"]  # noqa: Y015
@@ -1269,6 +1388,7 @@ class ChunkFrame(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     chunk_index: _builtins.int
     text: _builtins.str
+    """At most 64 KiB of UTF-8."""
     @_builtins.property
     def attempt(self) -> _follow_pb2.AttemptRef: ...
     def __init__(
@@ -1342,7 +1462,9 @@ class PublishBatchRequest(_message.Message):
     """Answer only once the batch is durable."""
     @_builtins.property
     def operations(self) -> _containers.RepeatedCompositeFieldContainer[Global___BatchOperation]:
-        """May be empty: an invisible batch still advances the sequence."""
+        """May be empty: an invisible batch still advances the sequence. At most 1,000 operations; the
+        operations other than messages (state, prompts, events) at most 256 KiB together.
+        """
 
     def __init__(
         self,
@@ -1366,10 +1488,10 @@ class PublishBatchResponse(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    GENERATION_FIELD_NUMBER: _builtins.int
+    STREAM_GENERATION_FIELD_NUMBER: _builtins.int
     SEQ_FIELD_NUMBER: _builtins.int
     MESSAGE_IDS_FIELD_NUMBER: _builtins.int
-    generation: _builtins.int
+    stream_generation: _builtins.int
     seq: _builtins.int
     @_builtins.property
     def message_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
@@ -1378,13 +1500,13 @@ class PublishBatchResponse(_message.Message):
     def __init__(
         self,
         *,
-        generation: _builtins.int = ...,
+        stream_generation: _builtins.int = ...,
         seq: _builtins.int = ...,
         message_ids: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "message_ids", b"message_ids", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message_ids", b"message_ids", "seq", b"seq", "stream_generation", b"stream_generation"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1401,7 +1523,9 @@ class OpenAttemptRequest(_message.Message):
     session_id: _builtins.str
     @_builtins.property
     def attempt(self) -> _follow_pb2.AttemptRef:
-        """Attempt numbers of one message key increase; a higher one replaces the open one (retry)."""
+        """Attempt numbers of one message key increase; a higher one replaces the open one (retry). At
+        most 64 attempts of a session are open at once.
+        """
 
     def __init__(
         self,
@@ -1423,16 +1547,16 @@ class OpenAttemptResponse(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    GENERATION_FIELD_NUMBER: _builtins.int
-    generation: _builtins.int
+    STREAM_GENERATION_FIELD_NUMBER: _builtins.int
+    stream_generation: _builtins.int
     def __init__(
         self,
         *,
-        generation: _builtins.int = ...,
+        stream_generation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["stream_generation", b"stream_generation"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1454,7 +1578,11 @@ class AppendChunksRequest(_message.Message):
     @_builtins.property
     def attempt(self) -> _follow_pb2.AttemptRef: ...
     @_builtins.property
-    def chunks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def chunks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """One to 1,000 chunks of at most 64 KiB each; an attempt's text stays within the message size
+        limit.
+        """
+
     def __init__(
         self,
         *,
@@ -1614,19 +1742,19 @@ class GetHistoryOutlineRequest(_message.Message):
     CAPABILITIES_FIELD_NUMBER: _builtins.int
     START_TURN_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
-    GENERATION_FIELD_NUMBER: _builtins.int
+    STREAM_GENERATION_FIELD_NUMBER: _builtins.int
     SNAPSHOT_SEQUENCE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     start_turn: _builtins.int
     """One-based; 1 when zero."""
     limit: _builtins.int
     """128 when zero, at most 1000."""
-    generation: _builtins.int
+    stream_generation: _builtins.int
     """Optional pin from the first page: later pages keep its cut."""
     snapshot_sequence: _builtins.int
     @_builtins.property
     def capabilities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Must include "history-outline-v1", else the answer is UNSUPPORTED."""
+        """Wire names of capabilities; must include "history-outline-v1", else the answer is UNSUPPORTED."""
 
     def __init__(
         self,
@@ -1635,12 +1763,12 @@ class GetHistoryOutlineRequest(_message.Message):
         capabilities: _abc.Iterable[_builtins.str] | None = ...,
         start_turn: _builtins.int = ...,
         limit: _builtins.int = ...,
-        generation: _builtins.int = ...,
+        stream_generation: _builtins.int = ...,
         snapshot_sequence: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "generation", b"generation", "limit", b"limit", "session_id", b"session_id", "snapshot_sequence", b"snapshot_sequence", "start_turn", b"start_turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "limit", b"limit", "session_id", b"session_id", "snapshot_sequence", b"snapshot_sequence", "start_turn", b"start_turn", "stream_generation", b"stream_generation"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1658,7 +1786,7 @@ class OutlineEntry(_message.Message):
     PROMPT_FIELD_NUMBER: _builtins.int
     ANSWER_FIELD_NUMBER: _builtins.int
     FINAL_MESSAGE_ID_FIELD_NUMBER: _builtins.int
-    ELAPSED_MS_FIELD_NUMBER: _builtins.int
+    ELAPSED_FIELD_NUMBER: _builtins.int
     SAMPLING_COUNT_FIELD_NUMBER: _builtins.int
     TOOL_CALL_COUNT_FIELD_NUMBER: _builtins.int
     message_id: _builtins.int
@@ -1673,11 +1801,13 @@ class OutlineEntry(_message.Message):
     """Preview of the final answer, when the turn has one."""
     final_message_id: _builtins.int
     """The final assistant message, when known."""
-    elapsed_ms: _builtins.int
-    """Wall time from prompt to final message, when known."""
     sampling_count: _builtins.int
     """Distinct sampling attempts and tool calls, only when the backend recorded them."""
     tool_call_count: _builtins.int
+    @_builtins.property
+    def elapsed(self) -> _duration_pb2.Duration:
+        """Wall time from prompt to final message, when known."""
+
     def __init__(
         self,
         *,
@@ -1687,13 +1817,13 @@ class OutlineEntry(_message.Message):
         prompt: _builtins.str = ...,
         answer: _builtins.str | None = ...,
         final_message_id: _builtins.int = ...,
-        elapsed_ms: _builtins.int = ...,
+        elapsed: _duration_pb2.Duration | None = ...,
         sampling_count: _builtins.int | None = ...,
         tool_call_count: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_answer", b"_answer", "_sampling_count", b"_sampling_count", "_tool_call_count", b"_tool_call_count", "answer", b"answer", "sampling_count", b"sampling_count", "tool_call_count", b"tool_call_count"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_answer", b"_answer", "_sampling_count", b"_sampling_count", "_tool_call_count", b"_tool_call_count", "answer", b"answer", "elapsed", b"elapsed", "sampling_count", b"sampling_count", "tool_call_count", b"tool_call_count"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_answer", b"_answer", "_sampling_count", b"_sampling_count", "_tool_call_count", b"_tool_call_count", "answer", b"answer", "elapsed_ms", b"elapsed_ms", "final_message_id", b"final_message_id", "message_id", b"message_id", "position", b"position", "prompt", b"prompt", "sampling_count", b"sampling_count", "tool_call_count", b"tool_call_count", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_answer", b"_answer", "_sampling_count", b"_sampling_count", "_tool_call_count", b"_tool_call_count", "answer", b"answer", "elapsed", b"elapsed", "final_message_id", b"final_message_id", "message_id", b"message_id", "position", b"position", "prompt", b"prompt", "sampling_count", b"sampling_count", "tool_call_count", b"tool_call_count", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__answer: _TypeAlias = _typing.Literal["answer"]  # noqa: Y015
     _WhichOneofArgType__answer: _TypeAlias = _typing.Literal["_answer", b"_answer"]  # noqa: Y015
@@ -1717,7 +1847,7 @@ class GetHistoryOutlineResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     STATUS_FIELD_NUMBER: _builtins.int
-    GENERATION_FIELD_NUMBER: _builtins.int
+    STREAM_GENERATION_FIELD_NUMBER: _builtins.int
     SNAPSHOT_SEQUENCE_FIELD_NUMBER: _builtins.int
     COVERAGE_SEQUENCE_FIELD_NUMBER: _builtins.int
     TOTAL_TURNS_FIELD_NUMBER: _builtins.int
@@ -1725,7 +1855,7 @@ class GetHistoryOutlineResponse(_message.Message):
     NEXT_TURN_FIELD_NUMBER: _builtins.int
     DONE_FIELD_NUMBER: _builtins.int
     status: Global___PinStatus.ValueType
-    generation: _builtins.int
+    stream_generation: _builtins.int
     snapshot_sequence: _builtins.int
     coverage_sequence: _builtins.int
     """The sequence the turn index covers."""
@@ -1738,7 +1868,7 @@ class GetHistoryOutlineResponse(_message.Message):
         self,
         *,
         status: Global___PinStatus.ValueType = ...,
-        generation: _builtins.int = ...,
+        stream_generation: _builtins.int = ...,
         snapshot_sequence: _builtins.int = ...,
         coverage_sequence: _builtins.int = ...,
         total_turns: _builtins.int = ...,
@@ -1748,7 +1878,7 @@ class GetHistoryOutlineResponse(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["coverage_sequence", b"coverage_sequence", "done", b"done", "entries", b"entries", "generation", b"generation", "next_turn", b"next_turn", "snapshot_sequence", b"snapshot_sequence", "status", b"status", "total_turns", b"total_turns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["coverage_sequence", b"coverage_sequence", "done", b"done", "entries", b"entries", "next_turn", b"next_turn", "snapshot_sequence", b"snapshot_sequence", "status", b"status", "stream_generation", b"stream_generation", "total_turns", b"total_turns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -72,6 +72,11 @@ class TranscriptServiceStub:
                 request_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.GetMessageRequest.SerializeToString,
                 response_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.GetMessageResponse.FromString,
                 _registered_method=True)
+        self.StreamMessage = channel.unary_stream(
+                '/continuum.transcript.v1.TranscriptService/StreamMessage',
+                request_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.StreamMessageRequest.SerializeToString,
+                response_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.StreamMessageResponse.FromString,
+                _registered_method=True)
         self.ListMessagesAfter = channel.unary_unary(
                 '/continuum.transcript.v1.TranscriptService/ListMessagesAfter',
                 request_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.ListMessagesAfterRequest.SerializeToString,
@@ -218,21 +223,32 @@ class TranscriptServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetMessage(self, request, context):
-        """Reads one message by id, deleted or not, so a caller can validate a boundary.
+        """Reads one message by id, deleted or not, whole (so a caller can validate a boundary or load a
+        body). A body is at most the service's message size limit (16 MiB by default).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StreamMessage(self, request, context):
+        """Streams one message by id, deleted or not, in pieces of bounded size: the message with its body
+        left out first, then the body's text piece by piece. What a client uses to load a stub's body
+        without holding it whole more than once.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListMessagesAfter(self, request, context):
-        """Live messages with id greater than after_message_id, ordered by id, paged.
+        """Live messages with id greater than after_message_id, ordered by id, whole, paged.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListMessagePage(self, request, context):
-        """A page of live messages around an anchor (or the latest), older or newer.
+        """A page of live messages around an anchor (or the latest), older or newer, for display: large
+        bodies travel as stubs.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -394,6 +410,11 @@ def add_TranscriptServiceServicer_to_server(servicer, server):
                     servicer.GetMessage,
                     request_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.GetMessageRequest.FromString,
                     response_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.GetMessageResponse.SerializeToString,
+            ),
+            'StreamMessage': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamMessage,
+                    request_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.StreamMessageRequest.FromString,
+                    response_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.StreamMessageResponse.SerializeToString,
             ),
             'ListMessagesAfter': grpc.unary_unary_rpc_method_handler(
                     servicer.ListMessagesAfter,
@@ -683,6 +704,33 @@ class TranscriptService:
             '/continuum.transcript.v1.TranscriptService/GetMessage',
             continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.GetMessageRequest.SerializeToString,
             continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.GetMessageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/continuum.transcript.v1.TranscriptService/StreamMessage',
+            continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.StreamMessageRequest.SerializeToString,
+            continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.StreamMessageResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -49,11 +49,20 @@ class TranscriptServiceStub:
     AppendMessages: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.AppendMessagesRequest, _transcript_service_pb2.AppendMessagesResponse]
     """Appends a batch of messages atomically; all or none are stored."""
     GetMessage: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.GetMessageRequest, _transcript_service_pb2.GetMessageResponse]
-    """Reads one message by id, deleted or not, so a caller can validate a boundary."""
+    """Reads one message by id, deleted or not, whole (so a caller can validate a boundary or load a
+    body). A body is at most the service's message size limit (16 MiB by default).
+    """
+    StreamMessage: _grpc.UnaryStreamMultiCallable[_transcript_service_pb2.StreamMessageRequest, _transcript_service_pb2.StreamMessageResponse]
+    """Streams one message by id, deleted or not, in pieces of bounded size: the message with its body
+    left out first, then the body's text piece by piece. What a client uses to load a stub's body
+    without holding it whole more than once.
+    """
     ListMessagesAfter: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.ListMessagesAfterRequest, _transcript_service_pb2.ListMessagesAfterResponse]
-    """Live messages with id greater than after_message_id, ordered by id, paged."""
+    """Live messages with id greater than after_message_id, ordered by id, whole, paged."""
     ListMessagePage: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.ListMessagePageRequest, _transcript_service_pb2.ListMessagePageResponse]
-    """A page of live messages around an anchor (or the latest), older or newer."""
+    """A page of live messages around an anchor (or the latest), older or newer, for display: large
+    bodies travel as stubs.
+    """
     EditUserMessage: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.EditUserMessageRequest, _transcript_service_pb2.EditUserMessageResponse]
     """Replaces a USER message's content and deletes every later message of the session."""
     SetCompactionFence: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.SetCompactionFenceRequest, _transcript_service_pb2.SetCompactionFenceResponse]
@@ -110,11 +119,20 @@ class TranscriptServiceAsyncStub(TranscriptServiceStub):
     AppendMessages: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.AppendMessagesRequest, _transcript_service_pb2.AppendMessagesResponse]  # type: ignore[assignment]
     """Appends a batch of messages atomically; all or none are stored."""
     GetMessage: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.GetMessageRequest, _transcript_service_pb2.GetMessageResponse]  # type: ignore[assignment]
-    """Reads one message by id, deleted or not, so a caller can validate a boundary."""
+    """Reads one message by id, deleted or not, whole (so a caller can validate a boundary or load a
+    body). A body is at most the service's message size limit (16 MiB by default).
+    """
+    StreamMessage: _aio.UnaryStreamMultiCallable[_transcript_service_pb2.StreamMessageRequest, _transcript_service_pb2.StreamMessageResponse]  # type: ignore[assignment]
+    """Streams one message by id, deleted or not, in pieces of bounded size: the message with its body
+    left out first, then the body's text piece by piece. What a client uses to load a stub's body
+    without holding it whole more than once.
+    """
     ListMessagesAfter: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.ListMessagesAfterRequest, _transcript_service_pb2.ListMessagesAfterResponse]  # type: ignore[assignment]
-    """Live messages with id greater than after_message_id, ordered by id, paged."""
+    """Live messages with id greater than after_message_id, ordered by id, whole, paged."""
     ListMessagePage: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.ListMessagePageRequest, _transcript_service_pb2.ListMessagePageResponse]  # type: ignore[assignment]
-    """A page of live messages around an anchor (or the latest), older or newer."""
+    """A page of live messages around an anchor (or the latest), older or newer, for display: large
+    bodies travel as stubs.
+    """
     EditUserMessage: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.EditUserMessageRequest, _transcript_service_pb2.EditUserMessageResponse]  # type: ignore[assignment]
     """Replaces a USER message's content and deletes every later message of the session."""
     SetCompactionFence: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.SetCompactionFenceRequest, _transcript_service_pb2.SetCompactionFenceResponse]  # type: ignore[assignment]
@@ -210,7 +228,20 @@ class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _transcript_service_pb2.GetMessageRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_transcript_service_pb2.GetMessageResponse, _abc.Awaitable[_transcript_service_pb2.GetMessageResponse]]:
-        """Reads one message by id, deleted or not, so a caller can validate a boundary."""
+        """Reads one message by id, deleted or not, whole (so a caller can validate a boundary or load a
+        body). A body is at most the service's message size limit (16 MiB by default).
+        """
+
+    @_abc_1.abstractmethod
+    def StreamMessage(
+        self,
+        request: _transcript_service_pb2.StreamMessageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_transcript_service_pb2.StreamMessageResponse], _abc.AsyncIterator[_transcript_service_pb2.StreamMessageResponse]]:
+        """Streams one message by id, deleted or not, in pieces of bounded size: the message with its body
+        left out first, then the body's text piece by piece. What a client uses to load a stub's body
+        without holding it whole more than once.
+        """
 
     @_abc_1.abstractmethod
     def ListMessagesAfter(
@@ -218,7 +249,7 @@ class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _transcript_service_pb2.ListMessagesAfterRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_transcript_service_pb2.ListMessagesAfterResponse, _abc.Awaitable[_transcript_service_pb2.ListMessagesAfterResponse]]:
-        """Live messages with id greater than after_message_id, ordered by id, paged."""
+        """Live messages with id greater than after_message_id, ordered by id, whole, paged."""
 
     @_abc_1.abstractmethod
     def ListMessagePage(
@@ -226,7 +257,9 @@ class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _transcript_service_pb2.ListMessagePageRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_transcript_service_pb2.ListMessagePageResponse, _abc.Awaitable[_transcript_service_pb2.ListMessagePageResponse]]:
-        """A page of live messages around an anchor (or the latest), older or newer."""
+        """A page of live messages around an anchor (or the latest), older or newer, for display: large
+        bodies travel as stubs.
+        """
 
     @_abc_1.abstractmethod
     def EditUserMessage(

@@ -1,0 +1,73 @@
+"""The contracts carry their own vocabulary: error reasons and capability names come from the protos."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from continuum.capability.v1 import capability_pb2
+from continuum.compaction.v1 import error_reason_pb2 as compaction_reasons
+from continuum.gateway.v1 import error_reason_pb2 as gateway_reasons
+from continuum.transcript.v1 import error_reason_pb2 as transcript_reasons
+from continuum_compaction import errors as compaction_errors
+from continuum_runtime import capabilities
+from continuum_runtime.errors import ServiceError
+from continuum_transcript import errors as transcript_errors
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _subclasses(root: type[ServiceError]) -> list[type[ServiceError]]:
+    found, pending = [], [root]
+    while pending:
+        cls = pending.pop()
+        found.append(cls)
+        pending.extend(cls.__subclasses__())
+    return found
+
+
+@pytest.mark.parametrize(
+    ("root", "enum"),
+    [
+        (transcript_errors.TranscriptError, transcript_reasons.ErrorReason),
+        (compaction_errors.CompactionError, compaction_reasons.ErrorReason),
+    ],
+    ids=["transcript", "compaction"],
+)
+def test_every_service_error_reason_is_a_value_of_the_service_enum(root: type[ServiceError], enum: object) -> None:
+    reasons = {cls.reason for cls in _subclasses(root)}
+    assert reasons <= set(enum.keys())  # type: ignore[attr-defined]
+    assert len(reasons) > 3
+
+
+def test_a_reason_outside_the_enum_is_refused_when_the_class_is_defined() -> None:
+    with pytest.raises(TypeError, match="NOT_A_REASON"):
+
+        class Invented(transcript_errors.TranscriptError):
+            reason = "NOT_A_REASON"
+
+
+def test_every_reason_the_gateway_writes_is_a_value_of_its_enum() -> None:
+    written: set[str] = set()
+    for path in (ROOT / "gateway" / "continuum_gateway").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.keyword) and node.arg == "reason" and isinstance(node.value, ast.Constant):
+                written.add(str(node.value.value))
+            if isinstance(node, ast.Tuple) and any(
+                isinstance(e, ast.Constant) and str(e.value).startswith("UPSTREAM_") for e in node.elts
+            ):
+                written |= {e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+    written = {reason for reason in written if reason.isupper()}
+    assert {"INVALID_JSON", "UPSTREAM_UNAVAILABLE", "UPSTREAM_REFUSED"} <= written
+    assert written <= set(gateway_reasons.ErrorReason.keys())
+
+
+def test_capability_names_come_from_the_contract() -> None:
+    values = capability_pb2.Capability.values()
+    names = {capabilities.wire_name(value) for value in values if value != capability_pb2.CAPABILITY_UNSPECIFIED}
+    assert names == {"transcript-v2", "history-outline-v1", "compaction-v1"}
+    assert capabilities.TRANSCRIPT_V2 == "transcript-v2"
+    with pytest.raises(ValueError, match="no wire name"):
+        capabilities.wire_name(capability_pb2.CAPABILITY_UNSPECIFIED)
