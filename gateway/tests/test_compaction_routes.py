@@ -201,15 +201,24 @@ async def test_bad_input_is_400_naming_the_field(gateway: httpx.AsyncClient) -> 
         assert error["details"][0]["domain"] == "gateway.continuum", error
         assert [v["field"] for v in violations(error)] == [field], error
     # Refused by compaction, and relayed as it wrote them.
-    service_cases: list[tuple[httpx.Response, str]] = [
-        (await gateway.post(compact_now, headers=ALICE, json={"contextWindowTokens": -5}), "context_window_tokens"),
-        (await gateway.post(compact_now, headers=ALICE, json={"contextWindowTokens": 10}), "context_window_tokens"),
-        (await gateway.get(events, headers=ALICE, params={"pageSize": "-1"}), "page_size"),
-        (await gateway.get(events, headers=ALICE, params={"pageToken": "forged"}), "page_token"),
-        (await gateway.get("/v1/sessions/not%20an%20id/compaction", headers=ALICE), "session_id"),
+    invalid = "INVALID_ARGUMENT"
+    service_cases: list[tuple[httpx.Response, str, str]] = [
+        (
+            await gateway.post(compact_now, headers=ALICE, json={"contextWindowTokens": -5}),
+            "context_window_tokens",
+            invalid,
+        ),
+        (
+            await gateway.post(compact_now, headers=ALICE, json={"contextWindowTokens": 10}),
+            "context_window_tokens",
+            invalid,
+        ),
+        (await gateway.get(events, headers=ALICE, params={"pageSize": "-1"}), "page_size", invalid),
+        (await gateway.get(events, headers=ALICE, params={"pageToken": "forged"}), "page_token", "PAGE_TOKEN_INVALID"),
+        (await gateway.get("/v1/sessions/not%20an%20id/compaction", headers=ALICE), "session_id", invalid),
     ]
-    for response, field in service_cases:
-        error = assert_error(response, 400, "INVALID_ARGUMENT", "INVALID_ARGUMENT")
+    for response, field, reason in service_cases:
+        error = assert_error(response, 400, "INVALID_ARGUMENT", reason)
         assert error["details"][0]["domain"] == "compaction.continuum", error
         assert [v["field"] for v in violations(error)] == [field], error
     assert "between 1024 and" in service_cases[0][0].json()["error"]["message"]

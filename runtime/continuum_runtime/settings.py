@@ -23,6 +23,9 @@ class ServiceSettings(BaseSettings):
     port: int = Field(default=0, ge=0, le=65535)
     # Bearer token every caller must present. Empty refuses every call.
     service_token: SecretStr = SecretStr("")
+    # Key of the HMAC that authenticates page tokens; shared by every replica of the service. Empty:
+    # a random key per process (tokens then do not survive a restart; a warning says so).
+    page_token_secret: SecretStr = SecretStr("")
     migrate_on_start: bool = True
     log_level: str = "INFO"
     grpc_max_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)

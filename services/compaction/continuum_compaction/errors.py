@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 
 from continuum.compaction.v1 import error_reason_pb2
+from continuum_runtime import paging
 from continuum_runtime.errors import ErrorDetails, InvalidArgument, ServiceError
 
 DOMAIN = "compaction.continuum"
@@ -19,6 +20,12 @@ class CompactionError(ServiceError):
 
 class BadRequest(InvalidArgument, CompactionError):
     """A request field is malformed or over a limit."""
+
+    domain = DOMAIN
+
+
+class PageTokenInvalid(paging.PageTokenInvalid, CompactionError):
+    """A page token this deployment did not issue for the request; a BadRequest names the field."""
 
     domain = DOMAIN
 

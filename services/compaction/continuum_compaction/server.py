@@ -19,6 +19,7 @@ from continuum_compaction.settings import CompactionSettings
 from continuum_compaction.transcript_client import TranscriptClient
 from continuum_runtime import migrations
 from continuum_runtime.database import Database
+from continuum_runtime.paging import token_secret
 from continuum_runtime.provider import ModelProvider, open_provider
 from continuum_runtime.server import GrpcService, start_server
 from continuum_runtime.telemetry import tracer_provider
@@ -68,6 +69,7 @@ async def start(settings: CompactionSettings, provider: ModelProvider | None = N
         transcript,
         ContextBuilder(settings, database, transcript, compactor),
         ManualCompaction(settings, database, transcript, compactor),
+        token_secret(settings.page_token_secret.get_secret_value(), "compaction"),
     )
     consumer: asyncio.Task[None] | None = None
     if settings.consume_session_events:

@@ -8,28 +8,43 @@ from __future__ import annotations
 from typing import TypeAlias
 
 import grpc
+from pydantic import Field
 
 from continuum.compaction.v1 import compaction_service_pb2 as api
 from continuum.compaction.v1 import compaction_service_pb2_grpc as api_grpc
 from continuum_compaction import store, validation
 from continuum_compaction.context import ContextBuilder
 from continuum_compaction.convert import event_message, summary_message
-from continuum_compaction.errors import BadRequest
+from continuum_compaction.errors import PageTokenInvalid
 from continuum_compaction.manual import ManualCompaction
 from continuum_compaction.transcript_client import TranscriptClient
 from continuum_runtime.auth import acting_user
 from continuum_runtime.database import Database
-from continuum_runtime.paging import PageTokenError, decode_page_token, encode_page_token
+from continuum_runtime.paging import Cursor, PageTokens
 
 Context: TypeAlias = grpc.aio.ServicerContext
+# A page of events stops growing past this many serialized bytes (summary texts can be long).
+EVENTS_PAGE_BYTES = 4 * 1024 * 1024
+
+
+class EventsCursor(Cursor):
+    """Where the next page of a session's compaction events (newest first) continues."""
+
+    before_event_id: int = Field(gt=0, lt=2**63)
 
 
 class CompactionServicer(api_grpc.CompactionServiceServicer):
     """The gRPC face of compaction."""
 
     def __init__(
-        self, database: Database, transcript: TranscriptClient, builder: ContextBuilder, manual: ManualCompaction
+        self,
+        database: Database,
+        transcript: TranscriptClient,
+        builder: ContextBuilder,
+        manual: ManualCompaction,
+        page_token_secret: bytes,
     ) -> None:
+        self._events_pages = PageTokens(page_token_secret, EventsCursor, PageTokenInvalid)
         self._db = database
         self._transcript = transcript
         self._builder = builder
@@ -59,25 +74,27 @@ class CompactionServicer(api_grpc.CompactionServiceServicer):
         user = acting_user(context)
         session_id = validation.session_id(request.session_id)
         size = validation.events_page_size(request.page_size)
-        parameters = {"rpc": "ListCompactionEvents", "session_id": session_id}
-        before: int | None = None
-        if request.page_token:
-            try:
-                cursor = decode_page_token(request.page_token, parameters)
-            except PageTokenError as error:
-                raise BadRequest("page_token", "is not a token issued for this session's events") from error
-            # Tokens are opaque, not signed: a forged cursor must still be a plausible event id.
-            if not isinstance(cursor, int) or isinstance(cursor, bool) or not 0 < cursor < 2**63:
-                raise BadRequest("page_token", "is not a token issued for this session's events")
-            before = cursor
+        parameters = {
+            "rpc": "ListCompactionEvents",
+            "user": user,
+            "session_id": session_id,
+            "include_summary_text": request.include_summary_text,
+        }
+        cursor = self._events_pages.open(request.page_token, parameters)
         await self._transcript.get_session(user, session_id)
         async with self._db.connection() as connection:
+            before = cursor.before_event_id if cursor is not None else None
             rows = await store.list_events(connection, session_id, before, size + 1)
+        events = [event_message(row, include_summary=request.include_summary_text) for row in rows[:size]]
+        more = len(rows) > size
+        # Stop early past the byte budget, but always return at least one event.
+        total = 0
+        for kept, event in enumerate(events, start=1):
+            total += event.ByteSize()
+            if total >= EVENTS_PAGE_BYTES and kept < len(events):
+                events, more = events[:kept], True
+                break
         token = ""
-        if len(rows) > size:
-            rows = rows[:size]
-            token = encode_page_token(rows[-1]["event_id"], parameters)
-        return api.ListCompactionEventsResponse(
-            events=[event_message(row, include_summary=request.include_summary_text) for row in rows],
-            next_page_token=token,
-        )
+        if more and events:
+            token = self._events_pages.issue(EventsCursor(before_event_id=events[-1].event_id), parameters)
+        return api.ListCompactionEventsResponse(events=events, next_page_token=token)

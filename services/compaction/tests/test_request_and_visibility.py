@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,9 @@ from continuum.compaction.events.v1 import events_pb2
 from continuum.compaction.v1 import compaction_service_pb2 as api
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as tapi
-from continuum_runtime.paging import encode_page_token
+from continuum_compaction.errors import PageTokenInvalid
+from continuum_compaction.servicer import EventsCursor
+from continuum_runtime.paging import PageTokens
 from continuum_runtime.provider import estimate_tokens
 
 SECTIONS = [
@@ -175,7 +179,7 @@ async def test_events_page_newest_first_with_opaque_tokens(tmp_path: Path, datab
                 metadata=stack.user(),
             ),
             grpc.StatusCode.INVALID_ARGUMENT,
-            "INVALID_ARGUMENT",
+            "PAGE_TOKEN_INVALID",
         )
 
 
@@ -248,7 +252,6 @@ async def test_bad_build_context_input_is_refused_and_changes_nothing(
         ("CompactNow", api.CompactNowRequest(session_id="s1", context_window_tokens=-5)),
         ("GetCompactionSummary", api.GetCompactionSummaryRequest(session_id="x" * 65)),
         ("ListCompactionEvents", api.ListCompactionEventsRequest(session_id="s1", page_size=-1)),
-        ("ListCompactionEvents", api.ListCompactionEventsRequest(session_id="s1", page_token="garbage")),
     ],
 )
 async def test_bad_input_of_other_rpcs_is_refused(stack: Stack, rpc: str, request_: object) -> None:
@@ -289,13 +292,16 @@ async def test_long_labels_are_shortened_when_the_manifest_would_pass_8_kb(stack
 
 async def test_a_forged_page_token_is_refused(stack: Stack) -> None:
     await stack.new_session("s1")
-    parameters = {"rpc": "ListCompactionEvents", "session_id": "s1"}
-    for cursor in (10**30, -1, "x", True):
-        forged = encode_page_token(cursor, parameters)
-        await refused(
+    parameters = {"rpc": "ListCompactionEvents", "user": "alice", "session_id": "s1", "include_summary_text": False}
+    # Signed with another secret, an unsigned cursor of the previous format, and plain garbage.
+    other_deployment = PageTokens(b"another deployment's secret", EventsCursor, PageTokenInvalid)
+    unsigned = base64.urlsafe_b64encode(json.dumps({"c": 5, "p": "0" * 16}).encode()).decode()
+    for forged in (other_deployment.issue(EventsCursor(before_event_id=5), parameters), unsigned, "garbage", "a.b"):
+        error = await refused(
             stack.stub.ListCompactionEvents(
                 api.ListCompactionEventsRequest(session_id="s1", page_token=forged), metadata=stack.user()
             ),
             grpc.StatusCode.INVALID_ARGUMENT,
-            "INVALID_ARGUMENT",
+            "PAGE_TOKEN_INVALID",
         )
+        assert [v.field for v in error.violations] == ["page_token"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 
 from continuum.transcript.v1 import error_reason_pb2
+from continuum_runtime import paging
 from continuum_runtime.errors import InvalidArgument, ServiceError
 
 DOMAIN = "transcript.continuum"
@@ -105,9 +106,10 @@ class ClaimNotFound(TranscriptError):
     reason = "CLAIM_NOT_HELD"
 
 
-class PageTokenInvalid(TranscriptError):
-    code = grpc.StatusCode.INVALID_ARGUMENT
-    reason = "PAGE_TOKEN_INVALID"
+class PageTokenInvalid(paging.PageTokenInvalid, TranscriptError):
+    """A page token this deployment did not issue for the request; a BadRequest names the field."""
+
+    domain = DOMAIN
 
 
 class AttemptConflict(TranscriptError):

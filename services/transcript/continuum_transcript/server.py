@@ -9,6 +9,7 @@ import grpc
 from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
 from continuum_runtime import migrations
 from continuum_runtime.database import Database
+from continuum_runtime.paging import token_secret
 from continuum_runtime.server import GrpcService, start_server
 from continuum_runtime.telemetry import tracer_provider
 from continuum_transcript import SERVICE_NAME
@@ -45,7 +46,12 @@ async def start(settings: TranscriptSettings) -> GrpcService:
     registry = PublisherRegistry(database, settings)
     registry.start()
     servicer = TranscriptServicer(
-        settings, database, AttachmentStore(settings.resolved_attachments_dir()), EventBell(), registry
+        settings,
+        database,
+        AttachmentStore(settings.resolved_attachments_dir()),
+        EventBell(),
+        registry,
+        token_secret(settings.page_token_secret.get_secret_value(), "transcript"),
     )
 
     async def drain_publishers() -> None:

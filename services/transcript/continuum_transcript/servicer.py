@@ -9,13 +9,14 @@ from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
 import grpc
+from pydantic import Field
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
 from continuum_runtime.auth import ACTING_USER_KEY, acting_user
 from continuum_runtime.database import Database
-from continuum_runtime.paging import PageTokenError, decode_page_token, encode_page_token, page_size
+from continuum_runtime.paging import Cursor, PageTokens, page_size
 from continuum_transcript import (
     attachments,
     bodies,
@@ -39,15 +40,39 @@ Context: TypeAlias = grpc.aio.ServicerContext
 
 # A page of messages stops growing past this many serialized bytes (there is always a next token).
 PAGE_BYTES_SOFT_LIMIT = 16 * 1024 * 1024
+# Sessions and events pages stop growing past this many serialized bytes.
+LIST_PAGE_BYTES = 4 * 1024 * 1024
+ID_LIMIT = 2**63
 
 
-def _cursor(token: str, parameters: dict[str, Any]) -> Any:
-    if not token:
-        return None
-    try:
-        return decode_page_token(token, parameters)
-    except PageTokenError as error:
-        raise PageTokenInvalid(str(error)) from error
+class SessionsCursor(Cursor):
+    """Where the next page of a user's sessions (newest first) continues."""
+
+    create_ms: int = Field(ge=0, lt=ID_LIMIT)
+    session_id: str = Field(pattern=validation.ID_PATTERN.pattern)
+
+
+class MessagesCursor(Cursor):
+    """Where the next page of messages after a bound continues."""
+
+    after_message_id: int = Field(ge=0, lt=ID_LIMIT)
+
+
+class EventsCursor(Cursor):
+    """Where the next page of the session events outbox continues."""
+
+    after_event_id: int = Field(ge=0, lt=ID_LIMIT)
+
+
+def _within_bytes(items: list[Any], budget: int) -> tuple[list[Any], bool]:
+    """The longest prefix of `items` under `budget` serialized bytes (at least one item), and whether
+    it left any out."""
+    total = 0
+    for kept, item in enumerate(items, start=1):
+        total += item.ByteSize()
+        if total >= budget and kept < len(items):
+            return items[:kept], True
+    return items, False
 
 
 def _optional_user(context: Context) -> str | None:
@@ -68,7 +93,11 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
         store: attachments.AttachmentStore,
         bell: events.EventBell,
         registry: PublisherRegistry,
+        page_token_secret: bytes,
     ) -> None:
+        self._sessions_pages = PageTokens(page_token_secret, SessionsCursor, PageTokenInvalid)
+        self._messages_pages = PageTokens(page_token_secret, MessagesCursor, PageTokenInvalid)
+        self._events_pages = PageTokens(page_token_secret, EventsCursor, PageTokenInvalid)
         self._settings = settings
         self._db = database
         self._store = store
@@ -107,14 +136,18 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
         size = page_size(validation.non_negative(request.page_size, "page_size"), default=50, maximum=200)
         parent = validation.optional_session_id(request.parent_session_id, "parent_session_id")
         parameters = {"rpc": "ListSessions", "owner": owner, "parent": parent}
-        after = _cursor(request.page_token, parameters)
+        cursor = self._sessions_pages.open(request.page_token, parameters)
+        after = None if cursor is None else (cursor.create_ms, cursor.session_id)
         async with self._db.connection() as connection:
             rows = await sessions.list_page(connection, owner, parent, size + 1, after)
+        page, cut = _within_bytes([convert.session(r) for r in rows[:size]], LIST_PAGE_BYTES)
         token = ""
-        if len(rows) > size:
-            rows = rows[:size]
-            token = encode_page_token([rows[-1]["create_ms"], rows[-1]["session_id"]], parameters)
-        return api.ListSessionsResponse(sessions=[convert.session(r) for r in rows], next_page_token=token)
+        if len(rows) > size or cut:
+            last = rows[len(page) - 1]
+            token = self._sessions_pages.issue(
+                SessionsCursor(create_ms=last["create_ms"], session_id=last["session_id"]), parameters
+            )
+        return api.ListSessionsResponse(sessions=page, next_page_token=token)
 
     async def UpdateSession(self, request: api.UpdateSessionRequest, context: Context) -> api.UpdateSessionResponse:
         owner = acting_user(context)
@@ -194,9 +227,9 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
         session_id = validation.session_id(request.session_id)
         after = validation.non_negative(request.after_message_id, "after_message_id")
         size = page_size(validation.non_negative(request.page_size, "page_size"), default=500, maximum=1000)
-        parameters = {"rpc": "ListMessagesAfter", "session": session_id, "after": after}
-        cursor = _cursor(request.page_token, parameters)
-        start = after if cursor is None else int(cursor)
+        parameters = {"rpc": "ListMessagesAfter", "owner": owner, "session": session_id, "after": after}
+        cursor = self._messages_pages.open(request.page_token, parameters)
+        start = after if cursor is None else cursor.after_message_id
         async with self._db.connection() as connection:
             rows = await messages.list_after(connection, owner, session_id, start, size + 1)
             more = len(rows) > size
@@ -208,7 +241,9 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
             if total >= PAGE_BYTES_SOFT_LIMIT and kept < len(page):
                 page, more = page[:kept], True
                 break
-        token = encode_page_token(page[-1].message_id, parameters) if more and page else ""
+        token = ""
+        if more and page:
+            token = self._messages_pages.issue(MessagesCursor(after_message_id=page[-1].message_id), parameters)
         return api.ListMessagesAfterResponse(messages=page, next_page_token=token)
 
     async def ListMessagePage(
@@ -382,14 +417,15 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
         after = validation.non_negative(request.after_event_id, "after_event_id")
         size = page_size(validation.non_negative(request.page_size, "page_size"), default=100, maximum=1000)
         parameters = {"rpc": "ListSessionEvents", "owner": owner, "after": after}
-        cursor = _cursor(request.page_token, parameters)
+        cursor = self._events_pages.open(request.page_token, parameters)
         async with self._db.connection() as connection:
-            rows = await events.list_after(connection, after if cursor is None else int(cursor), size + 1, owner)
+            start = after if cursor is None else cursor.after_event_id
+            rows = await events.list_after(connection, start, size + 1, owner)
+        page, cut = _within_bytes([convert.event(r) for r in rows[:size]], LIST_PAGE_BYTES)
         token = ""
-        if len(rows) > size:
-            rows = rows[:size]
-            token = encode_page_token(rows[-1]["event_id"], parameters)
-        return api.ListSessionEventsResponse(events=[convert.event(r) for r in rows], next_page_token=token)
+        if len(rows) > size or cut:
+            token = self._events_pages.issue(EventsCursor(after_event_id=page[-1].event_id), parameters)
+        return api.ListSessionEventsResponse(events=page, next_page_token=token)
 
     async def WatchSessionEvents(
         self, request: api.WatchSessionEventsRequest, context: Context

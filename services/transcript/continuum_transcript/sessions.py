@@ -88,7 +88,7 @@ async def create(connection: AsyncConnection, owner: str, new: NewSession) -> tu
 
 
 async def list_page(
-    connection: AsyncConnection, owner: str, parent_session_id: str | None, limit: int, after: list[Any] | None
+    connection: AsyncConnection, owner: str, parent_session_id: str | None, limit: int, after: tuple[int, str] | None
 ) -> list[RowMapping]:
     """Live sessions of `owner`, newest first, after the (create_ms, session_id) cursor."""
     query = select(sessions).where(sessions.c.owner == owner, sessions.c.deleted.is_(False))
