@@ -12,7 +12,6 @@ from sqlalchemy import RowMapping
 
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum_transcript.claims import HeldClaim
-from continuum_transcript.truncation import RESULT_TRUNCATED
 
 
 def timestamp(epoch_ms: int | None) -> Timestamp | None:
@@ -66,7 +65,21 @@ def content_part(part: dict[str, Any], media_types: dict[str, str]) -> pb.Conten
 
 
 def message(row: Mapping[Any, Any], media_types: dict[str, str] | None = None) -> pb.Message:
-    """The Message resource of a row."""
+    """The Message resource of a row: whole, or a stub for a light row (see `bodies.stub_row`)."""
+    if row.get("body_deferred"):
+        return pb.Message(
+            message_id=row["message_id"],
+            session_id=row["session_id"],
+            role=row["role"],
+            tool_call_id=row["tool_call_id"],
+            status=row["status"],
+            deleted=row["deleted"],
+            create_time=timestamp(row["create_ms"]),
+            result_truncated=row["result_truncated"],
+            body_deferred=True,
+            body_bytes=row["body_bytes"],
+            preview=row["preview"],
+        )
     known = media_types or {}
     return pb.Message(
         message_id=row["message_id"],
@@ -79,7 +92,8 @@ def message(row: Mapping[Any, Any], media_types: dict[str, str] | None = None) -
         status=row["status"],
         deleted=row["deleted"],
         create_time=timestamp(row["create_ms"]),
-        result_truncated=row["role"] == pb.MESSAGE_ROLE_TOOL and row["metadata"].get(RESULT_TRUNCATED) is True,
+        result_truncated=row["result_truncated"],
+        body_bytes=row["body_bytes"],
     )
 
 

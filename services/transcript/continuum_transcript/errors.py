@@ -119,6 +119,34 @@ class AttemptConflict(TranscriptError):
     reason = "ATTEMPT_CONFLICT"
 
 
+class AttemptTooLarge(TranscriptError):
+    """The attempt's streamed text would pass the message size limit (its message could not be stored)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "ATTEMPT_TOO_LARGE"
+
+
+class TooManyOpenAttempts(TranscriptError):
+    """The session has as many open sampling attempts as allowed; commit or cancel one first."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "TOO_MANY_OPEN_ATTEMPTS"
+
+
+class TooManyPendingPrompts(TranscriptError):
+    """The session has as many pending prompts as allowed; resolve one first."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "TOO_MANY_PENDING_PROMPTS"
+
+
+class PublishBacklogFull(TranscriptError):
+    """Accepted batches are waiting to be saved and the backlog is full; retry later."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "PUBLISH_BACKLOG_FULL"
+
+
 class PublisherUnavailable(TranscriptError):
     """The session's live transcript moved to another stream generation or process; retry."""
 

@@ -15,6 +15,7 @@ from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum_runtime.capabilities import TRANSCRIPT_V2
 from continuum_runtime.database import Database
+from continuum_transcript import bodies
 from continuum_transcript import messages as messages_store
 from continuum_transcript.errors import UpgradeRequired
 from continuum_transcript.publisher import Cut, SessionPublisher
@@ -50,7 +51,11 @@ def can_resume(request: api.FollowRequest, cut: Cut) -> bool:
 
 
 async def stream(
-    publisher: SessionPublisher, database: Database, request: api.FollowRequest, heartbeat_seconds: float
+    publisher: SessionPublisher,
+    database: Database,
+    request: api.FollowRequest,
+    heartbeat_seconds: float,
+    limits: bodies.Limits,
 ) -> AsyncIterator[api.FollowResponse]:
     """Every frame one follower receives, in order."""
     subscription, cut = publisher.subscribe()
@@ -65,7 +70,7 @@ async def stream(
         if can_resume(request, cut):
             handshake.mode = fpb.FOLLOW_MODE_RESUME
             yield api.FollowResponse(stream_generation=stream_generation, handshake=handshake)
-            for prefix in cut.prefixes:
+            for prefix in cut.prefix_frames():
                 yield api.FollowResponse(stream_generation=stream_generation, snapshot_prefix=prefix)
             for frame in cut.replay:
                 if frame_seq(frame) > request.resume.seq:
@@ -73,7 +78,7 @@ async def stream(
         else:
             handshake.mode = fpb.FOLLOW_MODE_BASELINE
             yield api.FollowResponse(stream_generation=stream_generation, handshake=handshake)
-            async for frame in _snapshot(publisher, database, cut):
+            async for frame in _snapshot(publisher, database, cut, limits):
                 yield frame
         while True:
             item = await subscription.next(heartbeat_seconds)
@@ -90,16 +95,16 @@ async def stream(
         publisher.unsubscribe(subscription)
 
 
-async def _snapshot(publisher: SessionPublisher, database: Database, cut: Cut) -> AsyncIterator[api.FollowResponse]:
+async def _snapshot(
+    publisher: SessionPublisher, database: Database, cut: Cut, limits: bodies.Limits
+) -> AsyncIterator[api.FollowResponse]:
     stream_generation = cut.stream_generation
     if cut.seq > publisher.durable_seq:
         # The cut is ahead of disk: flush first, so the page and the history cursors are canonical.
         await publisher.flush_until(cut.seq)
-    yield api.FollowResponse(
-        stream_generation=stream_generation,
-        snapshot_begin=fpb.SnapshotBeginFrame(seq=cut.seq, durable_seq=publisher.durable_seq),
-    )
-    page, has_older = await read_page_at(database, publisher.session_id, cut.seq, SNAPSHOT_PAGE)
+    begin = fpb.SnapshotBeginFrame(seq=cut.seq, durable_seq=publisher.durable_seq)
+    yield api.FollowResponse(stream_generation=stream_generation, snapshot_begin=begin)
+    page, has_older = await read_page_at(database, publisher.session_id, cut.seq, SNAPSHOT_PAGE, limits)
     history = fpb.HistoryCursor(
         stream_generation=stream_generation,
         snapshot_sequence=cut.seq,
@@ -109,15 +114,18 @@ async def _snapshot(publisher: SessionPublisher, database: Database, cut: Cut) -
     yield api.FollowResponse(stream_generation=stream_generation, snapshot_records=records)
     runtime = fpb.SnapshotRuntimeFrame(runtime_state=cut.runtime_state, prompts=cut.prompts)
     yield api.FollowResponse(stream_generation=stream_generation, snapshot_runtime=runtime)
-    for prefix in cut.prefixes:
+    for prefix in cut.prefix_frames():
         yield api.FollowResponse(stream_generation=stream_generation, snapshot_prefix=prefix)
     yield api.FollowResponse(stream_generation=stream_generation, snapshot_end=fpb.SnapshotEndFrame(seq=cut.seq))
 
 
-async def read_page_at(database: Database, session_id: str, seq: int, size: int) -> tuple[list[pb.Message], bool]:
-    """The last `size` live messages committed at or before `seq`, ascending, and whether older exist."""
+async def read_page_at(
+    database: Database, session_id: str, seq: int, size: int, limits: bodies.Limits
+) -> tuple[list[pb.Message], bool]:
+    """The last `size` live messages committed at or before `seq`, ascending, whether older ones
+    exist, the newest travelling whole while they fit `limits` and the rest as stubs."""
     query = (
-        select(messages)
+        select(*messages_store.LIGHT)
         .where(messages.c.session_id == session_id, messages.c.deleted.is_(False), messages.c.commit_seq <= seq)
         .order_by(*messages_store.NEWEST_FIRST)
         .limit(size + 1)
@@ -125,5 +133,5 @@ async def read_page_at(database: Database, session_id: str, seq: int, size: int)
     async with database.connection() as connection:
         rows = list((await connection.execute(query)).mappings())
         has_older = len(rows) > size
-        page = await messages_store.with_media_types(connection, list(reversed(rows[:size])))
+        page = await messages_store.bounded(connection, list(reversed(rows[:size])), limits, newest_first=True)
     return page, has_older

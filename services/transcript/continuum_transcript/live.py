@@ -14,7 +14,7 @@ from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum_runtime.auth import acting_user
 from continuum_runtime.capabilities import HISTORY_OUTLINE_V1
 from continuum_runtime.database import Database
-from continuum_transcript import follow, messages, persistence, sessions, turns, validation
+from continuum_transcript import bodies, follow, messages, persistence, sessions, turns, validation
 from continuum_transcript.errors import BadRequest
 from continuum_transcript.registry import PublisherRegistry
 from continuum_transcript.settings import TranscriptSettings
@@ -83,7 +83,9 @@ class LiveTranscript:
         follow.require_protocol(list(request.capabilities))
         session_id = validation.session_id(request.session_id)
         publisher = await self._registry.get(owner, session_id)
-        async for frame in follow.stream(publisher, self._db, request, self._settings.follow_heartbeat_seconds):
+        async for frame in follow.stream(
+            publisher, self._db, request, self._settings.follow_heartbeat_seconds, self._settings.limits()
+        ):
             yield frame
 
     async def PublishBatch(self, request: api.PublishBatchRequest, context: Context) -> api.PublishBatchResponse:
@@ -94,6 +96,7 @@ class LiveTranscript:
         if request.ByteSize() > self._settings.max_batch_bytes:
             raise BadRequest("operations", f"must total at most {self._settings.max_batch_bytes} bytes")
         rows: list[validation.MessageRow] = []
+        extras = 0
         state: fpb.RuntimeState | None = None
         upserted: list[fpb.PendingPrompt] = []
         resolved: list[str] = []
@@ -101,6 +104,15 @@ class LiveTranscript:
         for index, operation in enumerate(request.operations):
             field = f"operations[{index}]"
             kind = operation.WhichOneof("operation")
+            if kind != "message":
+                # State, prompts and events travel in every follower's frame: a batch keeps them small.
+                extras += operation.ByteSize()
+                if extras > self._settings.max_batch_extras_bytes:
+                    raise BadRequest(
+                        field,
+                        f"operations other than messages must total at most {self._settings.max_batch_extras_bytes}"
+                        " bytes per batch",
+                    )
             if kind == "message":
                 message = operation.message
                 rows.append(validation.new_message(message, f"{field}.message", self._settings, message.ByteSize()))
@@ -148,8 +160,11 @@ class LiveTranscript:
         ref = attempt_ref(request.attempt)
         if not request.chunks:
             raise BadRequest("chunks", "must contain at least one chunk")
-        if request.ByteSize() > self._settings.max_message_bytes:
-            raise BadRequest("chunks", f"must total at most {self._settings.max_message_bytes} bytes")
+        if len(request.chunks) > self._settings.max_batch_messages:
+            raise BadRequest("chunks", f"must be at most {self._settings.max_batch_messages} chunks")
+        for index, chunk in enumerate(request.chunks):
+            if bodies.utf8_size(chunk) > self._settings.max_chunk_bytes:
+                raise BadRequest(f"chunks[{index}]", f"must be at most {self._settings.max_chunk_bytes} bytes")
         first = validation.non_negative(request.first_chunk_index, "first_chunk_index")
         publisher = await self._registry.get(owner, session_id)
         next_index = publisher.append_chunks(ref, first, list(request.chunks))

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, RowMapping, select, update
+from sqlalchemy import ColumnElement, RowMapping, case, null, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from continuum.transcript.v1 import resources_pb2 as pb
-from continuum_transcript import convert, events, sessions
+from continuum_transcript import bodies, convert, events, sessions
 from continuum_transcript.errors import (
     AttachmentNotFound,
     HistoryGenerationMismatch,
@@ -36,8 +36,15 @@ async def attachment_media_types(connection: AsyncConnection, session_id: str, r
 
 
 async def with_media_types(connection: AsyncConnection, rows: Sequence[Mapping[Any, Any]]) -> list[pb.Message]:
-    """Stored rows as Message resources, with the media types of the attachments they refer to."""
-    wanted = sorted({attachment_id for row in rows for attachment_id in attachment_ids(row["content"])})
+    """Stored rows (or stubs) as Message resources, with the media types of the attachments they refer to."""
+    wanted = sorted(
+        {
+            attachment_id
+            for row in rows
+            if not row.get("body_deferred")
+            for attachment_id in attachment_ids(row["content"])
+        }
+    )
     known = await _media_types(connection, wanted) if wanted else {}
     return [convert.message(row, known) for row in rows]
 
@@ -83,22 +90,54 @@ OLDEST_FIRST = (messages.c.session_id, messages.c.deleted, messages.c.message_id
 NEWEST_FIRST = (messages.c.session_id.desc(), messages.c.deleted.desc(), messages.c.message_id.desc())
 
 
+# What a page needs to decide which messages travel whole: everything but the body, plus small
+# bodies (cheap, and the source of their previews when they travel as stubs).
+LIGHT = (
+    messages.c.message_id,
+    messages.c.session_id,
+    messages.c.role,
+    messages.c.tool_call_id,
+    messages.c.status,
+    messages.c.deleted,
+    messages.c.create_ms,
+    messages.c.body_bytes,
+    messages.c.preview,
+    messages.c.result_truncated,
+    case((messages.c.body_bytes <= bodies.STORED_PREVIEW_BYTES, messages.c.content), else_=null()).label("content"),
+)
+
+
 async def list_after(
-    connection: AsyncConnection, owner: str, session_id: str, after_message_id: int, limit: int
-) -> list[RowMapping]:
-    """Live messages with id > after_message_id, ascending. Served by (session_id, deleted, id)."""
+    connection: AsyncConnection, owner: str, session_id: str, after_message_id: int, limit: int, max_bytes: int
+) -> tuple[list[RowMapping], bool]:
+    """Live messages with id > after_message_id, ascending and whole: at most `limit`, and no more
+    than `max_bytes` of bodies (but at least one). Returns them and whether more follow.
+
+    Sizes are read first, so no body beyond the page is ever loaded. Served by (session_id, deleted, id).
+    """
     await sessions.load(connection, owner, session_id)
-    query = (
-        select(messages)
-        .where(
-            messages.c.session_id == session_id,
-            messages.c.deleted.is_(False),
-            messages.c.message_id > after_message_id,
-        )
-        .order_by(*OLDEST_FIRST)
-        .limit(limit)
+    live = (
+        (messages.c.session_id == session_id)
+        & messages.c.deleted.is_(False)
+        & (messages.c.message_id > after_message_id)
     )
-    return list((await connection.execute(query)).mappings())
+    sizes = (
+        await connection.execute(
+            select(messages.c.message_id, messages.c.body_bytes).where(live).order_by(*OLDEST_FIRST).limit(limit + 1)
+        )
+    ).all()
+    if not sizes:
+        return [], False
+    kept, total = 0, 0
+    for _, body_bytes in sizes[:limit]:
+        if kept and total + body_bytes > max_bytes:
+            break
+        kept, total = kept + 1, total + body_bytes
+    last = sizes[kept - 1][0]
+    rows = (
+        await connection.execute(select(messages).where(live, messages.c.message_id <= last).order_by(*OLDEST_FIRST))
+    ).mappings()
+    return list(rows), len(sizes) > kept
 
 
 async def page(
@@ -110,17 +149,18 @@ async def page(
     size: int,
     seq_pin: int | None = None,
 ) -> tuple[list[RowMapping], bool, bool]:
-    """Up to `size` live messages on one side of `anchor` (0 = the end), ascending, with whether
-    more exist beyond each edge of the page; with `seq_pin`, only messages committed by then."""
+    """Up to `size` live messages on one side of `anchor` (0 = the end), ascending and light (see
+    `LIGHT`; `bounded` decides which travel whole), with whether more exist beyond each edge of the
+    page; with `seq_pin`, only messages committed by then."""
     await sessions.load(connection, owner, session_id)
     live = (messages.c.session_id == session_id) & messages.c.deleted.is_(False)
     if seq_pin is not None:
         live = live & (messages.c.commit_seq <= seq_pin)
     if newer:
-        query = select(messages).where(live, messages.c.message_id > anchor).order_by(*OLDEST_FIRST)
+        query = select(*LIGHT).where(live, messages.c.message_id > anchor).order_by(*OLDEST_FIRST)
     else:
         bound = messages.c.message_id < anchor if anchor else messages.c.message_id.is_not(None)
-        query = select(messages).where(live, bound).order_by(*NEWEST_FIRST)
+        query = select(*LIGHT).where(live, bound).order_by(*NEWEST_FIRST)
     rows = list((await connection.execute(query.limit(size + 1))).mappings())
     more = len(rows) > size
     rows = rows[:size]
@@ -131,6 +171,22 @@ async def page(
         return rows, has_older, more
     has_newer = anchor > 0 and await _exists(connection, live & (messages.c.message_id >= anchor))
     return rows, more, has_newer
+
+
+async def bounded(
+    connection: AsyncConnection, light: Sequence[RowMapping], limits: bodies.Limits, *, newest_first: bool
+) -> list[pb.Message]:
+    """Light rows (ascending) as messages for a page or frame: whole while they fit `limits`, in
+    order of preference (the newest first, or the oldest first), stubs for the rest. Only the
+    bodies that travel are read."""
+    preferred = reversed(light) if newest_first else light
+    whole = bodies.inline_ids([(row["message_id"], row["body_bytes"]) for row in preferred], limits)
+    full: dict[int, RowMapping] = {}
+    if whole:
+        found = await connection.execute(select(messages).where(messages.c.message_id.in_(sorted(whole))))
+        full = {row["message_id"]: row for row in found.mappings()}
+    rows = [full.get(row["message_id"]) or bodies.stub_row(row) for row in light]
+    return await with_media_types(connection, rows)
 
 
 async def _exists(connection: AsyncConnection, condition: ColumnElement[bool]) -> bool:
@@ -144,6 +200,7 @@ async def edit_user_message(
     session_id: str,
     message_id: int,
     content: list[dict[str, object]],
+    body_bytes: int,
     expected_generation: int | None,
 ) -> tuple[dict[str, Any], int, int, int]:
     """Replace a USER message's content and logically delete every later message, atomically.
@@ -161,7 +218,8 @@ async def edit_user_message(
         raise HistoryGenerationMismatch("the session changed while editing; retry", metadata={"session_id": session_id})
     target = await _find(connection, session_id, message_id)
     _check_editable(target, session_id)
-    await connection.execute(update(messages).where(messages.c.message_id == message_id).values(content=content))
+    body = {"content": content, "body_bytes": body_bytes, "preview": bodies.stored_preview(content, body_bytes)}
+    await connection.execute(update(messages).where(messages.c.message_id == message_id).values(**body))
     removed = await connection.execute(
         update(messages)
         .where(
@@ -177,7 +235,7 @@ async def edit_user_message(
         session=session,
         payload={"edited_message_id": message_id, "history_generation": generation},
     )
-    return {**target, "content": content}, generation, int(removed.rowcount), event_id
+    return {**target, **body}, generation, int(removed.rowcount), event_id
 
 
 def _check_editable(target: Mapping[Any, Any], session_id: str) -> None:

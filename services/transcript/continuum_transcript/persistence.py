@@ -136,9 +136,10 @@ WITH fence AS (
 ), written AS (
     INSERT INTO messages
         (message_id, session_id, role, content, tool_calls, tool_call_id, metadata, status, deleted, create_ms,
-         commit_seq)
+         commit_seq, body_bytes, preview, result_truncated)
     SELECT * FROM unnest($7::bigint[], $8::text[], $9::int[], $10::json[], $11::json[], $12::text[], $13::json[],
-                         $14::int[], $15::bool[], $16::bigint[], $17::bigint[])
+                         $14::int[], $15::bool[], $16::bigint[], $17::bigint[], $18::bigint[], $19::text[],
+                         $20::bool[])
     WHERE EXISTS (SELECT 1 FROM fence)
 )
 SELECT count(*) FROM fence
@@ -219,6 +220,9 @@ async def _fetch_fenced(
         [row["deleted"] for row in rows],
         [row["create_ms"] for row in rows],
         [row["commit_seq"] for row in rows],
+        [row["body_bytes"] for row in rows],
+        [row["preview"] for row in rows],
+        [row["result_truncated"] for row in rows],
     )
 
 

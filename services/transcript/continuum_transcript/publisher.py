@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,12 +24,57 @@ from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum_runtime.database import Database
-from continuum_transcript import convert, persistence
+from continuum_transcript import bodies, convert, persistence
 from continuum_transcript.clock import now_ms
-from continuum_transcript.errors import AttemptConflict, PublisherUnavailable
+from continuum_transcript.errors import (
+    AttemptConflict,
+    AttemptTooLarge,
+    PublishBacklogFull,
+    PublisherUnavailable,
+    TooManyOpenAttempts,
+    TooManyPendingPrompts,
+)
+from continuum_transcript.settings import TranscriptSettings
 from continuum_transcript.validation import MessageRow
 
 logger = logging.getLogger("continuum.transcript.publisher")
+
+# What a frame costs in queues and the replay window beyond the message bodies it carries.
+FRAME_OVERHEAD_BYTES = 64
+# The most text one prefix frame of a snapshot or resume carries (whole chunks; a chunk is smaller).
+PREFIX_PIECE_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class PublisherLimits:
+    """Every bound of one publisher: nothing it holds grows with the session's history."""
+
+    queue_frames: int
+    queue_bytes: int
+    replay_frames: int
+    replay_bytes: int
+    id_block: int
+    bodies: bodies.Limits
+    max_open_attempts: int
+    max_attempt_bytes: int
+    max_pending_prompts: int
+    backlog_bytes: int
+
+    @classmethod
+    def of(cls, settings: TranscriptSettings) -> PublisherLimits:
+        """The limits the service's settings name."""
+        return cls(
+            queue_frames=settings.follow_queue_bound,
+            queue_bytes=settings.follow_queue_bytes,
+            replay_frames=settings.follow_replay_frames,
+            replay_bytes=settings.follow_replay_bytes,
+            id_block=settings.publisher_id_block,
+            bodies=settings.limits(),
+            max_open_attempts=settings.max_open_attempts,
+            max_attempt_bytes=settings.max_message_bytes,
+            max_pending_prompts=settings.max_pending_prompts,
+            backlog_bytes=settings.publish_backlog_bytes,
+        )
 
 
 @dataclass
@@ -38,10 +83,22 @@ class Attempt:
 
     ref: fpb.AttemptRef
     chunks: list[str] = field(default_factory=list)
+    text_bytes: int = 0
 
-    def prefix(self) -> fpb.ActivePrefix:
-        """The attempt's displayed text as one prefix frame."""
-        return fpb.ActivePrefix(attempt=self.ref, next_chunk_index=len(self.chunks), text="".join(self.chunks))
+
+def prefix_pieces(ref: fpb.AttemptRef, chunks: Sequence[str], max_bytes: int) -> Iterator[fpb.ActivePrefix]:
+    """The displayed text of an attempt as prefix frames of whole chunks, each within `max_bytes`
+    (a single larger chunk is a piece of its own); at least one, even for an attempt without chunks."""
+    first, size = 0, 0
+    texts: list[str] = []
+    for index, chunk in enumerate(chunks):
+        length = bodies.utf8_size(chunk)
+        if texts and size + length > max_bytes:
+            yield fpb.ActivePrefix(attempt=ref, first_chunk_index=first, next_chunk_index=index, text="".join(texts))
+            first, texts, size = index, [], 0
+        texts.append(chunk)
+        size += length
+    yield fpb.ActivePrefix(attempt=ref, first_chunk_index=first, next_chunk_index=len(chunks), text="".join(texts))
 
 
 @dataclass
@@ -81,21 +138,25 @@ class DeliveredView:
 
 
 class Subscription:
-    """One follower's bounded queue. Falling behind the bound ends it with resync(OVERFLOW)."""
+    """One follower's bounded queue (in frames and in bytes). Falling behind either bound ends it
+    with resync(OVERFLOW)."""
 
-    def __init__(self, bound: int) -> None:
+    def __init__(self, bound: int, max_bytes: int) -> None:
         self._bound = bound
-        self._queue: asyncio.Queue[tuple[int, api.FollowResponse]] = asyncio.Queue()
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._queue: asyncio.Queue[tuple[int, api.FollowResponse, int]] = asyncio.Queue()
         self.ended = False
 
-    def offer(self, event_no: int, frame: api.FollowResponse) -> None:
-        """Queue a frame, or replace the backlog by a resync once the bound is exceeded."""
+    def offer(self, event_no: int, frame: api.FollowResponse, cost: int = FRAME_OVERHEAD_BYTES) -> None:
+        """Queue a frame (`cost` bytes), or replace the backlog by a resync once a bound is exceeded."""
         if self.ended:
             return
-        if self._queue.qsize() >= self._bound:
+        if self._queue.qsize() >= self._bound or self._bytes + cost > self._max_bytes:
             self.end(fpb.RESYNC_REASON_OVERFLOW, frame.stream_generation, resumable=True)
             return
-        self._queue.put_nowait((event_no, frame))
+        self._bytes += cost
+        self._queue.put_nowait((event_no, frame, cost))
 
     def end(self, reason: int, stream_generation: int, *, resumable: bool) -> None:
         """Drop the backlog and leave only a resync frame."""
@@ -104,32 +165,43 @@ class Subscription:
         self.ended = True
         while not self._queue.empty():
             self._queue.get_nowait()
+        self._bytes = 0
         resync = fpb.ResyncFrame(reason=reason, resumable=resumable)  # type: ignore[arg-type]
-        self._queue.put_nowait((0, api.FollowResponse(stream_generation=stream_generation, resync=resync)))
+        frame = api.FollowResponse(stream_generation=stream_generation, resync=resync)
+        self._queue.put_nowait((0, frame, FRAME_OVERHEAD_BYTES))
 
     async def next(self, seconds: float) -> tuple[int, api.FollowResponse] | None:
         """The next frame, or None after `seconds` of quiet (time for a heartbeat)."""
         if not self._queue.empty():
             # The common case under load: no timer task per frame.
-            return self._queue.get_nowait()
-        try:
-            return await asyncio.wait_for(self._queue.get(), seconds)
-        except TimeoutError:
-            return None
+            event_no, frame, cost = self._queue.get_nowait()
+        else:
+            try:
+                event_no, frame, cost = await asyncio.wait_for(self._queue.get(), seconds)
+            except TimeoutError:
+                return None
+        self._bytes -= cost
+        return event_no, frame
 
 
 @dataclass(frozen=True)
 class Cut:
-    """What a new follower starts from, captured atomically with its registration."""
+    """What a new follower starts from, captured atomically with its registration. Prefixes are
+    the attempts' chunk lists as shown (references, not copies of their text)."""
 
     stream_generation: int
     seq: int
     event_no: int
     runtime_state: fpb.RuntimeState
     prompts: list[fpb.PendingPrompt]
-    prefixes: list[fpb.ActivePrefix]
+    prefixes: list[tuple[fpb.AttemptRef, tuple[str, ...]]]
     replay: list[api.FollowResponse]
     replay_first_seq: int
+
+    def prefix_frames(self) -> Iterator[fpb.ActivePrefix]:
+        """The active prefixes in pieces of bounded size."""
+        for ref, chunks in self.prefixes:
+            yield from prefix_pieces(ref, chunks, PREFIX_PIECE_BYTES)
 
 
 @dataclass
@@ -137,10 +209,13 @@ class _Outgoing:
     event_no: int
     barrier: int
     skeleton: api.FollowResponse
-    # A batch's message rows, converted into the frame only once somebody needs it: with nobody
-    # following, appends never pay for building frames.
+    # A batch's message rows (whole, or light stubs), converted into the frame only once somebody
+    # needs it: with nobody following, appends never pay for building frames. A stub holds no body,
+    # so neither the outbox nor the replay window keeps a large body alive.
     rows: list[dict[str, Any]] | None = None
     media_types: dict[str, str] | None = None
+    # Bytes the frame stands for in queues and the replay window.
+    cost: int = FRAME_OVERHEAD_BYTES
 
     @property
     def frame(self) -> api.FollowResponse:
@@ -160,10 +235,8 @@ class SessionPublisher:
         owner: str,
         binding: persistence.Binding,
         database: Database,
+        limits: PublisherLimits,
         *,
-        queue_bound: int,
-        replay_frames: int,
-        id_block: int,
         on_closed: Callable[[SessionPublisher], None],
     ) -> None:
         self.session_id = session_id
@@ -172,8 +245,7 @@ class SessionPublisher:
         self.commit_seq = binding.durable_seq
         self.durable_seq = binding.durable_seq
         self._db = database
-        self._queue_bound = queue_bound
-        self._id_block = id_block
+        self._limits = limits
         self._on_closed = on_closed
         state = fpb.RuntimeState()
         json_format.ParseDict(binding.runtime_state, state, ignore_unknown_fields=True)
@@ -193,9 +265,11 @@ class SessionPublisher:
         self.view.prompts = dict(prompts)
         self._event_no = 0
         self._outbox: deque[_Outgoing] = deque()
-        self._replay: deque[tuple[int, _Outgoing]] = deque(maxlen=replay_frames)
+        self._replay: deque[tuple[int, _Outgoing]] = deque(maxlen=limits.replay_frames)
+        self._replay_bytes = 0
         self._subscribers: set[Subscription] = set()
         self._pending: list[persistence.PersistBatch] = []
+        self._pending_bytes = 0
         self._ids: deque[int] = deque()
         self._accept = asyncio.Lock()
         self._wake_flusher = asyncio.Event()
@@ -224,6 +298,8 @@ class SessionPublisher:
         its sequence and its messages' ids."""
         async with self._accept:
             self._check_open()
+            self._check_backlog(rows)
+            self._check_prompts(prompts_upserted or [], prompts_resolved or [])
             await self._ensure_ids(len(rows))
             if settles is not None:
                 self._take_attempt(settles)
@@ -270,6 +346,9 @@ class SessionPublisher:
                 "deleted": False,
                 "create_ms": created,
                 "commit_seq": seq,
+                "body_bytes": row.body_bytes,
+                "preview": row.preview,
+                "result_truncated": row.result_truncated,
             }
             for row in rows
         ]
@@ -288,6 +367,7 @@ class SessionPublisher:
                 seq=seq, rows=stored, runtime_state=self._runtime_json, pending_prompts=self._prompts_json
             )
         )
+        self._pending_bytes += _backlog_cost(rows)
         self._wake_flusher.set()
         if stored or runtime_state is not None or prompts_upserted or prompts_resolved or events:
             batch = fpb.BatchFrame(
@@ -303,7 +383,12 @@ class SessionPublisher:
         else:
             watermark = fpb.WatermarkFrame(base_seq=seq - 1, seq=seq)
             frame = api.FollowResponse(stream_generation=self.stream_generation, watermark=watermark)
-        self._emit(frame, barrier=seq if terminal else 0, rows=stored or None, media_types=media_types)
+        # Small bodies travel in the frame while it has room; the rest as stubs (see bodies.py).
+        whole = bodies.inline_ids([(row["message_id"], row["body_bytes"]) for row in stored], self._limits.bodies)
+        shown = [row if row["message_id"] in whole else bodies.stub_row(row) for row in stored]
+        cost = FRAME_OVERHEAD_BYTES + frame.ByteSize()
+        cost += sum(row["body_bytes"] if row["message_id"] in whole else bodies.STUB_BYTES for row in stored)
+        self._emit(frame, barrier=seq if terminal else 0, rows=shown or None, media_types=media_types, cost=cost)
         return seq, [int(row["message_id"]) for row in stored]
 
     def open_attempt(self, ref: fpb.AttemptRef) -> None:
@@ -314,6 +399,11 @@ class SessionPublisher:
             raise AttemptConflict(
                 "a retry needs a higher attempt number than the open one",
                 metadata={"attempt": current.ref.attempt},
+            )
+        if current is None and len(self.attempts) >= self._limits.max_open_attempts:
+            raise TooManyOpenAttempts(
+                f"at most {self._limits.max_open_attempts} sampling attempts may be open at once",
+                metadata={"session_id": self.session_id, "max_open_attempts": self._limits.max_open_attempts},
             )
         self.attempts[ref.message_key] = Attempt(fpb.AttemptRef(message_key=ref.message_key, attempt=ref.attempt))
         self._emit(api.FollowResponse(stream_generation=self.stream_generation, attempt_opened=ref))
@@ -326,10 +416,20 @@ class SessionPublisher:
             raise AttemptConflict(
                 "chunk indexes must continue the attempt", metadata={"next_chunk_index": len(attempt.chunks)}
             )
-        for offset, text in enumerate(chunks):
+        sizes = [bodies.utf8_size(text) for text in chunks]
+        if attempt.text_bytes + sum(sizes) > self._limits.max_attempt_bytes:
+            raise AttemptTooLarge(
+                f"an attempt's text is limited to {self._limits.max_attempt_bytes} bytes, like the message it becomes",
+                metadata={"message_key": attempt.ref.message_key, "text_bytes": attempt.text_bytes},
+            )
+        for offset, (text, size) in enumerate(zip(chunks, sizes, strict=True)):
             attempt.chunks.append(text)
+            attempt.text_bytes += size
             chunk = api.ChunkFrame(attempt=attempt.ref, chunk_index=first_index + offset, text=text)
-            self._emit(api.FollowResponse(stream_generation=self.stream_generation, chunk=chunk))
+            self._emit(
+                api.FollowResponse(stream_generation=self.stream_generation, chunk=chunk),
+                cost=FRAME_OVERHEAD_BYTES + size,
+            )
         return len(attempt.chunks)
 
     async def commit_attempt(
@@ -355,13 +455,17 @@ class SessionPublisher:
             # Read what was shown in the same synchronous step that ends the attempt, so no
             # chunk can slip in between.
             shown = "".join(self._take_attempt(ref).chunks)
+            content = [{"text": shown}] if shown else []
+            size = bodies.utf8_size(shown)
             row = MessageRow(
                 role=pb.MESSAGE_ROLE_ASSISTANT,
-                content=[{"text": shown}] if shown else [],
+                content=content,
                 tool_calls=[],
                 tool_call_id="",
                 metadata={},
                 status=pb.MESSAGE_STATUS_INTERRUPTED,
+                body_bytes=size,
+                preview=bodies.stored_preview(content, size),
             )
             seq, (message_id,) = self._accept_now(
                 [row],
@@ -396,6 +500,7 @@ class SessionPublisher:
             self.stream_generation = stream_generation
             self.attempts.clear()
             self._replay.clear()
+            self._replay_bytes = 0
             self.view.prefixes.clear()
             for subscriber in list(self._subscribers):
                 subscriber.end(fpb.RESYNC_REASON_REWRITE, old, resumable=False)
@@ -424,6 +529,23 @@ class SessionPublisher:
         settlement = fpb.SettlementFrame(attempt=ref, seq=seq, message_id=message_id, outcome=outcome)  # type: ignore[arg-type]
         self._emit(api.FollowResponse(stream_generation=self.stream_generation, settlement=settlement), barrier=seq)
 
+    def _check_backlog(self, rows: list[MessageRow]) -> None:
+        """Refuse a batch while unsaved batches fill the backlog (the database is slow or down)."""
+        if self._pending and self._pending_bytes + _backlog_cost(rows) > self._limits.backlog_bytes:
+            raise PublishBacklogFull(
+                "accepted messages are still waiting to be saved; retry later",
+                metadata={"session_id": self.session_id, "durable_seq": self.durable_seq},
+            )
+
+    def _check_prompts(self, upserted: list[fpb.PendingPrompt], resolved: list[str]) -> None:
+        """Refuse a batch that would leave more pending prompts than allowed (and more than now)."""
+        after = (set(self.prompts) | {prompt.prompt_id for prompt in upserted}) - set(resolved)
+        if len(after) > max(self._limits.max_pending_prompts, len(self.prompts)):
+            raise TooManyPendingPrompts(
+                f"at most {self._limits.max_pending_prompts} prompts may be pending at once",
+                metadata={"session_id": self.session_id, "max_pending_prompts": self._limits.max_pending_prompts},
+            )
+
     def _check_open(self) -> None:
         if self.closed:
             raise PublisherUnavailable(
@@ -432,7 +554,7 @@ class SessionPublisher:
 
     async def _ensure_ids(self, count: int) -> None:
         if len(self._ids) < count:
-            self._ids.extend(await persistence.reserve_ids(self._db, max(count, self._id_block)))
+            self._ids.extend(await persistence.reserve_ids(self._db, max(count, self._limits.id_block)))
 
     # Fan-out
 
@@ -442,9 +564,10 @@ class SessionPublisher:
         barrier: int = 0,
         rows: list[dict[str, Any]] | None = None,
         media_types: dict[str, str] | None = None,
+        cost: int = FRAME_OVERHEAD_BYTES,
     ) -> None:
         self._event_no += 1
-        self._outbox.append(_Outgoing(self._event_no, barrier, frame, rows, media_types))
+        self._outbox.append(_Outgoing(self._event_no, barrier, frame, rows, media_types, cost))
         self._drain()
 
     def _drain(self) -> None:
@@ -455,16 +578,26 @@ class SessionPublisher:
             self.view.event_no = item.event_no
             kind = item.skeleton.WhichOneof("frame")
             if kind in ("batch", "watermark", "settlement"):
-                self._replay.append((self.view.seq, item))
+                self._remember(item)
             for subscriber in list(self._subscribers):
-                subscriber.offer(item.event_no, item.frame)
+                subscriber.offer(item.event_no, item.frame, item.cost)
                 if subscriber.ended:
                     self._subscribers.discard(subscriber)
+
+    def _remember(self, item: _Outgoing) -> None:
+        """Keep a replayable frame for resuming followers, within the window's frame and byte bounds."""
+        if len(self._replay) == self._replay.maxlen:
+            self._replay_bytes -= self._replay[0][1].cost
+        self._replay.append((self.view.seq, item))
+        self._replay_bytes += item.cost
+        while len(self._replay) > 1 and self._replay_bytes > self._limits.replay_bytes:
+            _, dropped = self._replay.popleft()
+            self._replay_bytes -= dropped.cost
 
     def subscribe(self) -> tuple[Subscription, Cut]:
         """Register a bounded subscription and capture the delivered view, atomically."""
         self._check_open()
-        subscription = Subscription(self._queue_bound)
+        subscription = Subscription(self._limits.queue_frames, self._limits.queue_bytes)
         self._subscribers.add(subscription)
         view = self.view
         cut = Cut(
@@ -473,7 +606,7 @@ class SessionPublisher:
             event_no=view.event_no,
             runtime_state=_copy(view.runtime_state),
             prompts=list(view.prompts.values()),
-            prefixes=[attempt.prefix() for attempt in view.prefixes.values()],
+            prefixes=[(attempt.ref, tuple(attempt.chunks)) for attempt in view.prefixes.values()],
             replay=[item.frame for _, item in self._replay],
             replay_first_seq=self._replay[0][0] if self._replay else view.seq + 1,
         )
@@ -523,6 +656,7 @@ class SessionPublisher:
                     return
                 delay = 0.05
                 del self._pending[: len(group)]
+                self._pending_bytes = sum(_backlog_cost(batch.rows) for batch in self._pending)
                 self._advance_durable(group[-1].seq)
 
     def _report_failure(self, reason: str) -> None:
@@ -595,6 +729,14 @@ class SessionPublisher:
     def idle(self) -> bool:
         """Nothing pending, nobody following, no attempt open."""
         return not self._pending and not self._subscribers and not self.attempts and not self._outbox
+
+
+def _backlog_cost(rows: Sequence[MessageRow] | Sequence[dict[str, Any]]) -> int:
+    """What unsaved rows hold in memory, about: their bodies plus a little per row."""
+    return sum(
+        (row.body_bytes if isinstance(row, MessageRow) else int(row["body_bytes"])) + FRAME_OVERHEAD_BYTES
+        for row in rows
+    )
 
 
 def _copy(state: fpb.RuntimeState) -> fpb.RuntimeState:

@@ -9,7 +9,7 @@ import logging
 from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum_runtime.database import Database
 from continuum_transcript import persistence, sessions
-from continuum_transcript.publisher import SessionPublisher
+from continuum_transcript.publisher import PublisherLimits, SessionPublisher
 from continuum_transcript.settings import TranscriptSettings
 
 logger = logging.getLogger("continuum.transcript.registry")
@@ -51,9 +51,7 @@ class PublisherRegistry:
                 row["owner"],
                 binding,
                 self._db,
-                queue_bound=self._settings.follow_queue_bound,
-                replay_frames=self._settings.follow_replay_frames,
-                id_block=self._settings.publisher_id_block,
+                PublisherLimits.of(self._settings),
                 on_closed=self._forget,
             )
             self._publishers[session_id] = publisher

@@ -12,6 +12,7 @@ import grpc
 from pydantic import Field
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
 from continuum_runtime.auth import ACTING_USER_KEY, acting_user
@@ -38,8 +39,6 @@ from continuum_transcript.settings import TranscriptSettings
 
 Context: TypeAlias = grpc.aio.ServicerContext
 
-# A page of messages stops growing past this many serialized bytes (there is always a next token).
-PAGE_BYTES_SOFT_LIMIT = 16 * 1024 * 1024
 # Sessions and events pages stop growing past this many serialized bytes.
 LIST_PAGE_BYTES = 4 * 1024 * 1024
 ID_LIMIT = 2**63
@@ -231,16 +230,10 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
         cursor = self._messages_pages.open(request.page_token, parameters)
         start = after if cursor is None else cursor.after_message_id
         async with self._db.connection() as connection:
-            rows = await messages.list_after(connection, owner, session_id, start, size + 1)
-            more = len(rows) > size
-            page = await messages.with_media_types(connection, rows[:size])
-        # Stop early past the soft byte limit, but always return at least one message.
-        total = 0
-        for kept, item in enumerate(page, start=1):
-            total += item.ByteSize()
-            if total >= PAGE_BYTES_SOFT_LIMIT and kept < len(page):
-                page, more = page[:kept], True
-                break
+            rows, more = await messages.list_after(
+                connection, owner, session_id, start, size, self._settings.list_page_bytes
+            )
+            page = await messages.with_media_types(connection, rows)
         token = ""
         if more and page:
             token = self._messages_pages.issue(MessagesCursor(after_message_id=page[-1].message_id), parameters)
@@ -267,7 +260,8 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
             rows, has_older, has_newer = await messages.page(
                 connection, owner, session_id, anchor, newer, size, seq_pin if stream_generation_pin else None
             )
-            page = await messages.with_media_types(connection, rows)
+            # The messages nearest the anchor travel whole first.
+            page = await messages.bounded(connection, rows, self._settings.limits(), newest_first=not newer)
         return api.ListMessagePageResponse(
             messages=page,
             has_older=has_older,
@@ -285,12 +279,15 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
         content = validation.content_parts(request.content, "content")
         if not content:
             raise BadRequest("content", "must not be empty")
+        body_bytes = pb.NewMessage(role=pb.MESSAGE_ROLE_USER, content=request.content).ByteSize()
+        if body_bytes > self._settings.max_message_bytes:
+            raise BadRequest("content", f"is {body_bytes} bytes; the limit is {self._settings.max_message_bytes}")
         expected = validation.non_negative(request.expected_history_generation, "expected_history_generation")
         publisher = await self._registry.get(owner, session_id)
 
         async def change(connection: AsyncConnection) -> tuple[Any, int, int, int, dict[str, str]]:
             edited = await messages.edit_user_message(
-                connection, owner, session_id, message_id, content, expected or None
+                connection, owner, session_id, message_id, content, body_bytes, expected or None
             )
             # The new content may refer only to this session's attachments, as an append's may.
             known = await messages.attachment_media_types(connection, session_id, validation.attachment_ids(content))

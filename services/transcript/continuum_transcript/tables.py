@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sqlalchemy import JSON, BigInteger, Boolean, Column, Index, Integer, MetaData, String, Table, Text
+from sqlalchemy import false as sa_false
 
 # Plain JSON (text) rather than JSONB: we never query inside it, and PostgreSQL's jsonb refuses
 # U+0000, which real tool output contains.
@@ -54,6 +55,11 @@ messages = Table(
     Column("create_ms", BigInteger, nullable=False),
     # The business sequence of the batch that committed the message (0 before Follow v2).
     Column("commit_seq", BigInteger, nullable=False, server_default="0"),
+    # Written with the body so stubs and previews never read it (see bodies.py): its approximate
+    # size in bytes, its preview when it is too large to read for one, and the truncation flag.
+    Column("body_bytes", BigInteger, nullable=False, server_default="0"),
+    Column("preview", Text, nullable=False, server_default=""),
+    Column("result_truncated", Boolean, nullable=False, server_default=sa_false()),
     Index("ix_messages_session_deleted_id", "session_id", "deleted", "message_id"),
     # Never reuse an id on SQLite either: compaction boundaries are real message ids.
     sqlite_autoincrement=True,

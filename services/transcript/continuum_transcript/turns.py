@@ -16,8 +16,7 @@ is only selected for USER messages and assistant messages without tool calls. To
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -41,6 +40,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum_runtime.database import Database, insert_ignoring_conflicts
+from continuum_transcript.bodies import STORED_PREVIEW_BYTES, preview
 from continuum_transcript.clock import now_ms
 from continuum_transcript.tables import messages, session_runtime, turn_index_state, turns
 
@@ -48,8 +48,6 @@ from continuum_transcript.tables import messages, session_runtime, turn_index_st
 # older version is then rebuilt on its next read.
 INDEX_VERSION = 1
 
-# Previews are navigation labels, not bodies: a bounded prefix with whitespace collapsed.
-PREVIEW_CHARS = 200
 # Messages read per query and turn rows written per statement: huge sessions stay bounded.
 CHUNK_ROWS = 2000
 INSERT_ROWS = 500
@@ -58,7 +56,6 @@ SESSION_PAGE = 500
 
 # The version of a state row created only to be locked; no real index has it.
 _UNBUILT = 0
-_WORD = re.compile(r"\S+")
 _ASSISTANT = messages.c.role == pb.MESSAGE_ROLE_ASSISTANT
 # Messages whose text a preview may need: prompts, and assistant messages without tool calls
 # (the only candidates for the final answer). Both writers store an empty list as "[]", and
@@ -116,13 +113,12 @@ class _Turn:
             key, attempt = record
             self.attempts[key] = max(attempt, self.attempts.get(key, 0))
             self.tool_call_ids.update(_strings(row.call_ids))
-        if row.content is not None:
-            answer = _preview(row.content)
-            # An assistant message without text (an empty or attachment-only reply) is no answer.
-            if answer:
-                self.answer_preview = answer
-                self.final_message_id = int(row.message_id)
-                self.finished_ms = int(row.create_ms)
+        # An assistant message without text (an empty or attachment-only reply) is no answer.
+        answer = _text_preview(row)
+        if answer:
+            self.answer_preview = answer
+            self.final_message_id = int(row.message_id)
+            self.finished_ms = int(row.create_ms)
 
     def values(self, session_id: str) -> dict[str, Any]:
         """The turn's row. Counts only come from backend records: imported history has none,
@@ -385,7 +381,10 @@ async def _scan(
     write the turns they form. `current` is a turn continued from the index (its prompt is the
     first row read); `position` counts the live messages before the first row read. Content is
     only selected for rows matching `bodies`."""
-    content = case((bodies, messages.c.content), else_=null()).label("content")
+    # A preview never reads a large body: its preview was stored with it (see bodies.py).
+    small = messages.c.body_bytes <= STORED_PREVIEW_BYTES
+    content = case((bodies & small, messages.c.content), else_=null()).label("content")
+    stored = case((bodies & ~small, messages.c.preview), else_=null()).label("stored_preview")
     call_ids = case((_ASSISTANT, literal_column(_CALL_IDS[connection.dialect.name], JSON)), else_=null()).label(
         "call_ids"
     )
@@ -397,6 +396,7 @@ async def _scan(
         messages.c.create_ms,
         messages.c.commit_seq,
         content,
+        stored,
     ).where(messages.c.session_id == session_id, messages.c.deleted.is_(False), rows)
     pending: list[dict[str, Any]] = []
     while True:
@@ -414,7 +414,7 @@ async def _scan(
                     turn=next_turn,
                     prompt_message_id=int(row.message_id),
                     position=position,
-                    prompt_preview=_preview(row.content),
+                    prompt_preview=_text_preview(row) or "",
                     started_ms=int(row.create_ms),
                     commit_seq=int(row.commit_seq),
                 )
@@ -456,28 +456,14 @@ def _entry(row: _Row) -> api.OutlineEntry:
     return entry
 
 
-def _preview(content: Any) -> str:
-    """The first PREVIEW_CHARS characters of the text parts, whitespace collapsed.
-
-    Words are taken lazily, so a multi-megabyte prompt costs only its first few hundred
-    characters of work beyond the JSON decoding itself."""
-    words: list[str] = []
-    size = -1
-    for text in _texts(content):
-        for match in _WORD.finditer(text):
-            words.append(match.group())
-            size += len(words[-1]) + 1
-            if size > PREVIEW_CHARS:
-                return " ".join(words)[: PREVIEW_CHARS - 1].rstrip() + "…"
-    return " ".join(words)
-
-
-def _texts(content: Any) -> Iterable[str]:
-    if not isinstance(content, list):
-        return
-    for part in content:
-        if isinstance(part, dict) and isinstance(part.get("text"), str):
-            yield part["text"]
+def _text_preview(row: _Row) -> str | None:
+    """The preview of a row whose text was read (its small body, or the preview stored with a large
+    one); None for a row whose text was not read."""
+    if row.stored_preview is not None:
+        return str(row.stored_preview)
+    if row.content is not None:
+        return preview(row.content)
+    return None
 
 
 def _strings(values: Any) -> Sequence[str]:

@@ -11,9 +11,10 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.struct_pb2 import Struct
 
 from continuum.transcript.v1 import resources_pb2 as pb
+from continuum_transcript.bodies import stored_preview
 from continuum_transcript.errors import BadRequest
 from continuum_transcript.settings import TranscriptSettings
-from continuum_transcript.truncation import with_truncation_flag
+from continuum_transcript.truncation import RESULT_TRUNCATED, with_truncation_flag
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_TITLE_CHARS = 1_000
@@ -22,6 +23,7 @@ MAX_PATH_CHARS = 4_096
 MAX_METADATA_BYTES = 64 * 1024
 MAX_TOOL_CALL_ID_CHARS = 256
 MAX_TOOL_NAME_CHARS = 256
+MAX_TOOL_CALLS = 128
 MAX_HOLDER_CHARS = 256
 MIN_TTL_SECONDS = 1
 MAX_TTL_SECONDS = 3_600
@@ -109,7 +111,8 @@ def holder(value: str, field: str = "holder") -> str:
 
 @dataclass(frozen=True)
 class MessageRow:
-    """A validated message ready to insert (JSON-shaped content, tool calls and metadata)."""
+    """A validated message ready to insert (JSON-shaped content, tool calls and metadata), with
+    what stubs show instead of the body: its size, its stored preview and its truncation flag."""
 
     role: int
     content: list[dict[str, Any]]
@@ -117,6 +120,13 @@ class MessageRow:
     tool_call_id: str
     metadata: dict[str, Any]
     status: int
+    body_bytes: int = 0
+    preview: str = ""
+
+    @property
+    def result_truncated(self) -> bool:
+        """Whether the tool reported this result as truncated."""
+        return self.role == pb.MESSAGE_ROLE_TOOL and self.metadata.get(RESULT_TRUNCATED) is True
 
     def attachment_ids(self) -> list[str]:
         """Attachments the content refers to."""
@@ -173,12 +183,17 @@ def new_message(message: pb.NewMessage, field: str, settings: TranscriptSettings
         # Every stored message passes here once, so the flag is computed at write time only.
         metadata=with_truncation_flag(role, content, metadata(message.metadata, f"{field}.metadata")),
         status=status,
+        # The serialized size bounds the body's text, tool calls and metadata, and costs nothing.
+        body_bytes=size,
+        preview=stored_preview(content, size),
     )
 
 
 def _tool_calls(message: pb.NewMessage, role: int, field: str) -> list[dict[str, str]]:
     if message.tool_calls and role != pb.MESSAGE_ROLE_ASSISTANT:
         raise BadRequest(f"{field}.tool_calls", "are only allowed on an ASSISTANT message")
+    if len(message.tool_calls) > MAX_TOOL_CALLS:
+        raise BadRequest(f"{field}.tool_calls", f"must be at most {MAX_TOOL_CALLS}")
     seen: set[str] = set()
     calls = []
     for index, call in enumerate(message.tool_calls):

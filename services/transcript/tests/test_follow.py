@@ -215,7 +215,7 @@ async def test_cursor_older_than_the_replay_window_gets_a_baseline(tmp_path: Pat
 
 
 async def test_a_follower_behind_its_queue_bound_gets_overflow(tmp_path: Path, database_url: str) -> None:
-    async with running_transcript(tmp_path, database_url, follow_queue_bound=16) as client:
+    async with running_transcript(tmp_path, database_url, follow_queue_bound=16, max_chunk_bytes=256 * 1024) as client:
         sid = await create_session(client)
         slow = Follower(client, sid)
         await slow.until("snapshot_end")
@@ -227,14 +227,14 @@ async def test_a_follower_behind_its_queue_bound_gets_overflow(tmp_path: Path, d
         assert (await steady.next()).HasField("attempt_opened")
         # Large chunks fill the slow reader's transport buffers, so its queue really backs up.
         big = "x" * (256 * 1024)
-        for index in range(64):
+        for index in range(48):
             await _chunks(client, sid, ref, index, big)
             assert (await steady.next()).chunk.chunk_index == index
         frames = await slow.until("resync", seconds=30)
         assert frames[-1].resync.reason == fpb.RESYNC_REASON_OVERFLOW and frames[-1].resync.resumable
-        assert len(frames) < 64, "the backlog was dropped, not delivered"
-        await _chunks(client, sid, ref, 64, "more")
-        assert (await steady.next()).chunk.chunk_index == 64
+        assert len(frames) < 48, "the backlog was dropped, not delivered"
+        await _chunks(client, sid, ref, 48, "more")
+        assert (await steady.next()).chunk.chunk_index == 48
         slow.close()
         steady.close()
 

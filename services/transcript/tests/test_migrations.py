@@ -36,7 +36,7 @@ async def test_concurrent_runs_all_succeed_and_match_the_code(database_url: str)
     database = Database(database_url, schema="transcript")
     try:
         await migrations.upgrade(database, MIGRATIONS_DIR)
-        assert await migrations.current_revision(database, MIGRATIONS_DIR) == "0004"
+        assert await migrations.current_revision(database, MIGRATIONS_DIR) == "0005"
 
         def differences(connection: Connection) -> list[object]:
             return list(compare_metadata(MigrationContext.configure(connection), metadata))

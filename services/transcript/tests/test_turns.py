@@ -21,7 +21,7 @@ from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum_runtime import migrations
 from continuum_runtime.database import Database
-from continuum_transcript import turns
+from continuum_transcript import bodies, turns
 from continuum_transcript.server import MIGRATIONS_DIR, open_database
 from continuum_transcript.settings import TranscriptSettings
 from continuum_transcript.tables import messages, session_runtime, turn_index_state
@@ -210,7 +210,7 @@ async def test_turns_split_at_prompts_with_positions_previews_and_final_answers(
     assert (first.answer, first.final_message_id) == ("all green", ids[7])
     assert first.elapsed.ToMilliseconds() == 600
     assert (second.turn, second.message_id, second.position) == (2, ids[10], 10)
-    assert len(second.prompt) <= turns.PREVIEW_CHARS and second.prompt.endswith("…")
+    assert len(second.prompt) <= bodies.PREVIEW_CHARS and second.prompt.endswith("…")
     assert second.prompt.startswith("x" * 150 + " y")
     assert not second.HasField("answer") and second.final_message_id == 0 and second.elapsed.ToMilliseconds() == 0
     # An empty assistant reply is no answer.
