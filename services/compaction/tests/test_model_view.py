@@ -1,4 +1,4 @@
-"""Tests for the model view of a persisted conversation (`continuum_runtime.chat_history`)."""
+"""Tests for the model view of a persisted conversation (`continuum_compaction.model_view`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from continuum_runtime.chat_history import ModelViewReport, Role, build_model_view, model_view
+from continuum_compaction.model_view import ModelViewReport, Role, build_model_view, model_view
 
 # No example database: these tests must not leave files in the working tree.
 PROPERTY = settings(database=None, max_examples=200, deadline=None)
