@@ -139,7 +139,7 @@ def test_duplicate_persisted_before_the_assistant_is_the_one_kept() -> None:
     assert view.report.moved == 1
 
 
-def test_user_turns_in_between() -> None:
+def test_results_pair_within_their_turn_or_with_an_earlier_one() -> None:
     messages = [
         system(1),
         user(2),
@@ -155,9 +155,12 @@ def test_user_turns_in_between() -> None:
         assistant(12, "late"),
     ]
     view = build_model_view(messages)
-    assert ids(view.messages) == [1, 2, 4, 5, 3, 6, 8, 10, 9, 11, 12, 7]
-    assert view.report.dropped == 0
-    assert view.report.moved == 3
+    # 10 was stored after the next prompt and answers the earlier turn; 7 precedes the only turn
+    # that calls "late", and a result never answers a later turn.
+    assert ids(view.messages) == [1, 2, 4, 5, 3, 6, 8, 10, 9, 11, 12]
+    assert view.report.orphan_ids == (7,)
+    assert view.report.duplicate_ids == ()
+    assert view.report.moved == 2
 
 
 def test_call_without_result_is_left_alone() -> None:
@@ -167,9 +170,79 @@ def test_call_without_result_is_left_alone() -> None:
     assert not view.report.changed
 
 
-def test_call_id_issued_twice_belongs_to_the_first_assistant() -> None:
+def test_turns_reusing_a_call_id_each_keep_their_result() -> None:
+    # Servers that number the calls of every response from call_0 issue the same id in every turn.
+    messages: list[Msg] = []
+    for turn in range(3):
+        first = 4 * turn + 1
+        messages += [user(first), assistant(first + 1, "call_0"), tool(first + 2, "call_0"), assistant(first + 3)]
+    view = build_model_view(messages)
+    assert view.messages == messages
+    assert not view.report.changed
+
+
+def test_tool_rounds_reusing_a_call_id_each_keep_their_result() -> None:
+    messages = [
+        user(1),
+        tool(2, "call_0"),  # stored before its assistant
+        assistant(3, "call_0", "call_1"),
+        tool(4, "call_1"),
+        tool(5, "call_0"),  # the next round's, stored before its assistant too
+        assistant(6, "call_0"),
+        assistant(7, "call_0"),
+        tool(8, "call_0"),
+        assistant(9),
+    ]
+    view = build_model_view(messages)
+    assert ids(view.messages) == [1, 3, 2, 4, 6, 5, 7, 8, 9]
+    assert view.report.dropped == 0
+    assert view.report.moved == 3
+
+
+def test_a_result_answers_the_nearest_preceding_open_call() -> None:
+    messages = [user(1), assistant(2, "c"), assistant(3, "c"), tool(4, "c"), tool(5, "c"), tool(6, "c")]
+    view = build_model_view(messages)
+    assert ids(view.messages) == [1, 2, 5, 3, 4]
+    assert view.report.duplicate_ids == (6,)
+
+
+def test_calls_of_one_assistant_sharing_an_id_are_answered_in_call_order() -> None:
+    messages = [user(1), tool(2, "c"), assistant(3, "c", "d", "c"), tool(4, "d"), tool(5, "c"), tool(6, "c")]
+    view = build_model_view(messages)
+    assert ids(view.messages) == [1, 3, 2, 4, 5]
+    assert view.report.duplicate_ids == (6,)
+
+
+def test_an_early_result_answers_its_own_turn_before_an_open_call_of_an_earlier_turn() -> None:
+    # Turn 1's call was never answered (interrupted); turn 2's result was stored before its assistant.
+    messages = [user(1), assistant(2, "call_0"), user(3), tool(4, "call_0"), assistant(5, "call_0")]
+    assert ids(model_view(messages)) == [1, 2, 3, 5, 4]
+
+
+def test_a_result_stored_after_the_next_prompt_answers_the_earlier_turn() -> None:
+    messages = [
+        user(1),
+        assistant(2, "call_0"),
+        user(3),
+        assistant(4, "call_0"),
+        tool(5, "call_0"),
+        tool(6, "call_0"),  # turn 1's result, stored late: turn 2's call already has its answer
+    ]
+    view = build_model_view(messages)
+    assert ids(view.messages) == [1, 2, 6, 3, 4, 5]
+    assert view.report.dropped == 0
+
+
+def test_a_late_result_answers_the_nearest_earlier_turn_with_an_open_call() -> None:
+    messages = [user(1), assistant(2, "call_0"), user(3), assistant(4, "call_0"), user(5), tool(6, "call_0")]
+    assert ids(model_view(messages)) == [1, 2, 3, 4, 6, 5]
+
+
+def test_a_call_id_issued_again_in_a_later_turn_is_answered_there() -> None:
     messages = [assistant(1, "a"), user(2), assistant(3, "a"), tool(4, "a")]
-    assert ids(model_view(messages)) == [1, 4, 2, 3]
+    view = build_model_view(messages)
+    assert ids(view.messages) == [1, 2, 3, 4]
+    assert not view.report.changed
 
 
 def test_input_order_does_not_matter_and_input_is_not_mutated() -> None:
@@ -189,6 +262,14 @@ def test_unknown_role_is_rejected_without_quoting_it() -> None:
 
 # --- properties -------------------------------------------------------------------------------------
 
+# Where a call lives: its assistant's id and its position in that assistant's tool_call_ids.
+Slot = tuple[int, int]
+
+# How a conversation's call ids are made: unique, numbered per turn, numbered per response (as some
+# OpenAI-compatible servers do, so every tool round reuses call_0), or all the same (repeated even
+# inside one message).
+ID_SCHEMES = ("unique", "per_turn", "per_round", "constant")
+
 
 @dataclass(frozen=True, eq=False)
 class _Draft:
@@ -202,9 +283,11 @@ class _Draft:
 
 @st.composite
 def conversations(draw: st.DrawFn) -> list[Msg]:
-    """Realistic persisted conversations, with tool results persisted early or late, orphans,
-    duplicate results, and sometimes a missing prefix (loaded after a compaction boundary)."""
-    fresh_call = (f"call_{n}" for n in itertools.count())
+    """Persisted conversations with call ids reused across turns and rounds, tool results persisted
+    early or late (even past later prompts), orphans, duplicate results, and sometimes a missing
+    prefix (loaded after a compaction boundary)."""
+    scheme = draw(st.sampled_from(ID_SCHEMES))
+    numbers = itertools.count()
     drafts: list[_Draft] = []
     position = 0
 
@@ -217,8 +300,13 @@ def conversations(draw: st.DrawFn) -> list[Msg]:
         add(Role.SYSTEM)
     for _ in range(draw(st.integers(0, 4))):
         add(Role.USER)
+        if scheme == "per_turn":
+            numbers = itertools.count()
         for _ in range(draw(st.integers(1, 3))):
-            calls = tuple(next(fresh_call) for _ in range(draw(st.integers(0, 3))))
+            if scheme == "per_round":
+                numbers = itertools.count()
+            count = draw(st.integers(0, 3))
+            calls = tuple("call_0" if scheme == "constant" else f"call_{next(numbers)}" for _ in range(count))
             issued_at = position
             add(Role.ASSISTANT, calls)
             # Results complete in any order, and some calls never get one.
@@ -248,28 +336,127 @@ def conversations(draw: st.DrawFn) -> list[Msg]:
     return messages
 
 
-def _issuers(messages: Sequence[Msg]) -> dict[str, Msg]:
-    """Each issued call id -> the first assistant (by id) that issued it."""
-    issuer: dict[str, Msg] = {}
+@st.composite
+def runtime_conversations(draw: st.DrawFn) -> tuple[list[Msg], list[Msg]]:
+    """What a runtime stores when nothing goes wrong, with call ids unique, per turn or per response:
+    every call is answered once in its turn, and a tool round's results are stored in any order, some
+    before their assistant, but after the previous round's. Returns the stored messages, shuffled,
+    and the view that puts every result after the call it was made for."""
+    scheme = draw(st.sampled_from(ID_SCHEMES[:3]))
+    next_id = itertools.count(draw(st.integers(1, 10_000)))
+    numbers = itertools.count()
+    stored: list[Msg] = []
+    expected: list[Msg] = []
+    for _ in range(draw(st.integers(1, 4))):
+        prompt = user(next(next_id))
+        stored.append(prompt)
+        expected.append(prompt)
+        if scheme == "per_turn":
+            numbers = itertools.count()
+        for _ in range(draw(st.integers(0, 3))):
+            if scheme == "per_round":
+                numbers = itertools.count()
+            calls = tuple(f"call_{next(numbers)}" for _ in range(draw(st.integers(1, 3))))
+            order = draw(st.permutations(range(len(calls))))
+            early = draw(st.integers(0, len(calls)))
+            before = [tool(next(next_id), calls[i]) for i in order[:early]]
+            call = assistant(next(next_id), *calls)
+            after = [tool(next(next_id), calls[i]) for i in order[early:]]
+            stored += [*before, call, *after]
+            result_of = dict(zip(order, [*before, *after], strict=True))
+            expected += [call, *(result_of[i] for i in range(len(calls)))]
+        if draw(st.booleans()):
+            answer = assistant(next(next_id))
+            stored.append(answer)
+            expected.append(answer)
+    return draw(st.permutations(stored)), expected
+
+
+def _turn_of(messages: Sequence[Msg]) -> dict[int, int]:
+    """Message id -> its turn: 0 before the first USER message, one more from each USER message on."""
+    turn = 0
+    found: dict[int, int] = {}
     for m in sorted(messages, key=lambda m: m.message_id):
-        if m.role == Role.ASSISTANT:
-            for call in m.tool_call_ids:
-                issuer.setdefault(call, m)
-    return issuer
+        turn += m.role == Role.USER
+        found[m.message_id] = turn
+    return found
 
 
-def _expected_drops(messages: Sequence[Msg]) -> tuple[list[int], list[int]]:
-    issuer = _issuers(messages)
-    tools = sorted((m for m in messages if m.role == Role.TOOL), key=lambda m: m.message_id)
-    orphans = [m.message_id for m in tools if m.tool_call_id not in issuer]
-    seen: set[str] = set()
+@dataclass(frozen=True)
+class _Expected:
+    """What the module docstring's rule gives, worked out naively."""
+
+    answers: dict[int, Slot]  # result id -> the call it answers
+    orphan_ids: list[int]
+    duplicate_ids: list[int]
+
+
+def _expected(messages: Sequence[Msg]) -> _Expected:
+    """The rule of `continuum_compaction.model_view`'s docstring, transcribed as literally as possible:
+    quadratic, and sharing nothing with the implementation."""
+    turn_of = _turn_of(messages)
+    ordered = sorted(messages, key=lambda m: m.message_id)
+    calls = [
+        (m.message_id, position, call)
+        for m in ordered
+        if m.role == Role.ASSISTANT
+        for position, call in enumerate(m.tool_call_ids)
+        if call
+    ]
+    answers: dict[int, Slot] = {}
+    orphans: list[int] = []
     duplicates: list[int] = []
-    for m in tools:
-        if m.tool_call_id in issuer:
-            if m.tool_call_id in seen:
-                duplicates.append(m.message_id)
-            seen.add(m.tool_call_id)
-    return orphans, duplicates
+    for result in (m for m in ordered if m.role == Role.TOOL):
+        turn = turn_of[result.message_id]
+        unanswered = [(a, p) for a, p, c in calls if c == result.tool_call_id and (a, p) not in answers.values()]
+        in_turn = [slot for slot in unanswered if turn_of[slot[0]] == turn]
+        preceding = [slot for slot in in_turn if slot[0] < result.message_id]
+        in_earlier_turns = [slot for slot in unanswered if turn_of[slot[0]] < turn]
+        if preceding:
+            answers[result.message_id] = min(preceding, key=lambda slot: (-slot[0], slot[1]))
+        elif in_turn:
+            answers[result.message_id] = min(in_turn)
+        elif in_earlier_turns:
+            answers[result.message_id] = min(in_earlier_turns, key=lambda slot: (-slot[0], slot[1]))
+        elif any(c == result.tool_call_id and turn_of[a] <= turn for a, _, c in calls):
+            duplicates.append(result.message_id)
+        else:
+            orphans.append(result.message_id)
+    return _Expected(answers, orphans, duplicates)
+
+
+def _expected_view(messages: Sequence[Msg]) -> list[Msg]:
+    by_id = {m.message_id: m for m in messages}
+    groups: dict[int, list[tuple[int, Msg]]] = {}
+    for result_id, (assistant_id, position) in _expected(messages).answers.items():
+        groups.setdefault(assistant_id, []).append((position, by_id[result_id]))
+    view: list[Msg] = []
+    for m in sorted(messages, key=lambda m: m.message_id):
+        if m.role != Role.TOOL:
+            view.append(m)
+            view.extend(result for _, result in sorted(groups.get(m.message_id, []), key=lambda entry: entry[0]))
+    return view
+
+
+def _groups(view: Sequence[Msg]) -> list[tuple[Msg, list[Msg]]]:
+    """Each non-tool message of the view with the tool results right after it."""
+    groups: list[tuple[Msg, list[Msg]]] = []
+    for m in view:
+        if m.role == Role.TOOL:
+            assert groups, "a view starts with a tool result"
+            groups[-1][1].append(m)
+        else:
+            groups.append((m, []))
+    return groups
+
+
+def _open_calls(view: Sequence[Msg]) -> Counter[tuple[int, str]]:
+    """(assistant id, call id) -> how many of its calls with that id the view leaves without a result."""
+    left: Counter[tuple[int, str]] = Counter()
+    for owner, results in _groups(view):
+        left.update((owner.message_id, call) for call in owner.tool_call_ids if call)
+        left.subtract((owner.message_id, result.tool_call_id) for result in results)
+    return +left
 
 
 @PROPERTY
@@ -292,34 +479,72 @@ def test_non_tool_messages_keep_ascending_id_order(messages: list[Msg]) -> None:
 
 @PROPERTY
 @given(conversations())
-def test_every_result_sits_in_its_assistant_group_in_call_order(messages: list[Msg]) -> None:
-    issuer = _issuers(messages)
-    out = model_view(messages)
-    group_owner: Msg | None = None
-    last_position = -1
-    for m in out:
-        if m.role != Role.TOOL:
-            group_owner, last_position = m, -1
-            continue
-        # No orphan, and the nearest non-tool message before it is the assistant that issued it.
-        assert m.tool_call_id in issuer
-        assert group_owner is issuer[m.tool_call_id]
-        position = group_owner.tool_call_ids.index(m.tool_call_id)
-        assert position > last_position
-        last_position = position
+def test_results_follow_an_assistant_of_their_turn_or_an_earlier_one_in_call_order(messages: list[Msg]) -> None:
+    turn_of = _turn_of(messages)
+    for owner, results in _groups(model_view(messages)):
+        if results:
+            assert owner.role == Role.ASSISTANT
+        last = -1
+        for result in results:
+            assert turn_of[owner.message_id] <= turn_of[result.message_id]
+            # Each result takes one of the owner's calls of its id, in call order.
+            later = [p for p, call in enumerate(owner.tool_call_ids) if call == result.tool_call_id and p > last]
+            assert later, f"{owner} has no call left for {result}"
+            last = later[0]
 
 
 @PROPERTY
 @given(conversations())
-def test_each_answered_call_keeps_exactly_its_first_result(messages: list[Msg]) -> None:
-    issuer = _issuers(messages)
-    first_answer: dict[str, int] = {}
-    for m in messages:
-        if m.role == Role.TOOL and m.tool_call_id in issuer:
-            first_answer[m.tool_call_id] = min(m.message_id, first_answer.get(m.tool_call_id, m.message_id))
-    kept = {m.tool_call_id: m.message_id for m in model_view(messages) if m.role == Role.TOOL}
-    assert kept == first_answer
-    assert sum(m.role == Role.TOOL for m in model_view(messages)) == len(kept)
+def test_results_answer_their_own_turn_first_and_are_dropped_only_when_no_call_is_left(
+    messages: list[Msg],
+) -> None:
+    turn_of = _turn_of(messages)
+    view = build_model_view(messages)
+    still_open = _open_calls(view.messages)
+
+    def open_in(turns: range, call: str, before: float = float("inf")) -> bool:
+        return any(c == call and turn_of[a] in turns and a < before for a, c in still_open)
+
+    for owner, results in _groups(view.messages):
+        for result in results:
+            turn = turn_of[result.message_id]
+            own_turn = range(turn, turn + 1)
+            if turn_of[owner.message_id] < turn:
+                assert not open_in(own_turn, result.tool_call_id)
+            if owner.message_id > result.message_id:
+                assert not open_in(own_turn, result.tool_call_id, before=result.message_id)
+    kept = {m.message_id for m in view.messages}
+    for result in messages:
+        if result.role == Role.TOOL and result.message_id not in kept:
+            assert not open_in(range(turn_of[result.message_id] + 1), result.tool_call_id)
+            issued = any(
+                result.tool_call_id in m.tool_call_ids and turn_of[m.message_id] <= turn_of[result.message_id]
+                for m in messages
+                if m.role == Role.ASSISTANT
+            )
+            assert (result.message_id in view.report.duplicate_ids) == issued
+            assert (result.message_id in view.report.orphan_ids) != issued
+
+
+@PROPERTY
+@given(conversations())
+def test_the_view_is_the_documented_rule(messages: list[Msg]) -> None:
+    view = build_model_view(messages)
+    expected = _expected(messages)
+    assert view.messages == _expected_view(messages)
+    assert list(view.report.orphan_ids) == expected.orphan_ids
+    assert list(view.report.duplicate_ids) == expected.duplicate_ids
+
+
+@PROPERTY
+@given(runtime_conversations())
+def test_every_result_a_runtime_stores_finds_the_call_it_was_made_for(
+    conversation: tuple[list[Msg], list[Msg]],
+) -> None:
+    stored, expected = conversation
+    view = build_model_view(stored)
+    assert view.messages == expected
+    assert view.report.dropped == 0
 
 
 @PROPERTY
@@ -343,11 +568,10 @@ def test_input_order_does_not_matter(data: st.DataObject, messages: list[Msg]) -
 def test_report_counts_match(messages: list[Msg]) -> None:
     view = build_model_view(messages)
     report = view.report
-    orphans, duplicates = _expected_drops(messages)
-    assert list(report.orphan_ids) == orphans
-    assert list(report.duplicate_ids) == duplicates
-    assert report.dropped == len(messages) - len(view.messages)
-    assert {m.message_id for m in messages} - {m.message_id for m in view.messages} == {*orphans, *duplicates}
+    expected = _expected(messages)
+    dropped = {*expected.orphan_ids, *expected.duplicate_ids}
+    assert report.dropped == len(messages) - len(view.messages) == len(dropped)
+    assert {m.message_id for m in messages} - {m.message_id for m in view.messages} == dropped
 
     # Moved: kept results whose predecessor differs from the one they would have in plain id order.
     id_order = sorted(view.messages, key=lambda m: m.message_id)
