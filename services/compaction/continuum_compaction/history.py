@@ -1,7 +1,7 @@
 """Loaded messages as compaction sees them: real id, role, tool links and an estimated token cost.
 
-Transcript's messages are wrapped once at load; the wrapper satisfies the runtime's `HistoryMessage`
-protocol so the shared normalizer can put them in model order without re-reading anything.
+Transcript's messages are wrapped once at load; the wrapper satisfies the model view's `HistoryMessage`
+protocol so the normalizer can put them in model order without re-reading anything.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from continuum.transcript.v1 import resources_pb2 as tpb
-from continuum_runtime.chat_history import build_model_view
+from continuum_compaction.model_view import build_model_view
 from continuum_runtime.provider import estimate_message_tokens
 
 ROLE_NAMES = {

@@ -307,3 +307,43 @@ async def test_an_invalid_boundary_costs_exactly_one_full_load(tmp_path: Path, d
         await stack.build("s1")
 
         assert proxy.list_after_bounds() == [0]
+
+
+async def test_turns_reusing_a_call_id_each_keep_their_tool_result(tmp_path: Path, database_url: str) -> None:
+    # Some OpenAI-compatible servers number calls per response, so every turn issues `call_0`.
+    async with running_stack(tmp_path, database_url, auto_compaction=False) as stack:
+        await stack.new_session("s1")
+        ids: list[int] = []
+        for number in range(3):
+            ids += await stack.append(
+                "s1",
+                user(f"request {number}"),
+                assistant(f"calling {number}", "call_0"),
+                tool("call_0", f"output {number}"),
+                assistant(f"done {number}"),
+            )
+
+        response = await stack.build("s1")
+
+        assert ids_of(response) == ids
+        results = [message for message in response.messages if message.role == tpb.MESSAGE_ROLE_TOOL]
+        assert [(m.tool_call_id, m.content[0].text) for m in results] == [("call_0", f"output {n}") for n in range(3)]
+
+
+async def test_tool_rounds_reusing_a_call_id_pair_within_their_turn(tmp_path: Path, database_url: str) -> None:
+    async with running_stack(tmp_path, database_url, auto_compaction=False) as stack:
+        await stack.new_session("s1")
+        prompt = await stack.append("s1", user("two rounds"))
+        first = await stack.append("s1", assistant("round 1", "call_0", "call_1"), tool("call_1", "r1b"))
+        # The first round's `call_0` result is stored late, next to the second round's, which is stored
+        # before the assistant that issued it: each still answers its own round.
+        early = await stack.append("s1", tool("call_0", "r1a"), tool("call_0", "r2a"))
+        second = await stack.append("s1", assistant("round 2", "call_0"), assistant("finished"))
+        later = await stack.append("s1", user("again"), assistant("round 3", "call_0"), tool("call_0", "r3a"))
+
+        response = await stack.build("s1")
+
+        expected = [*prompt, first[0], early[0], first[1], second[0], early[1], second[1], *later]
+        assert ids_of(response) == expected
+        texts = [m.content[0].text for m in response.messages if m.role == tpb.MESSAGE_ROLE_TOOL]
+        assert texts == ["r1a", "r1b", "r2a", "r3a"]

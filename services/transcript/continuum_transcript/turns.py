@@ -45,8 +45,8 @@ from continuum_transcript.clock import now_ms
 from continuum_transcript.tables import messages, session_runtime, turn_index_state, turns
 
 # Bump whenever what a turn row holds or how it is derived changes: every index built by an
-# older version is then rebuilt on its next read.
-INDEX_VERSION = 1
+# older version is then rebuilt on its next read. 2: every tool call counts, not every distinct id.
+INDEX_VERSION = 2
 
 # Messages read per query and turn rows written per statement: huge sessions stay bounded.
 CHUNK_ROWS = 2000
@@ -99,9 +99,9 @@ class _Turn:
     answer_preview: str | None = None
     final_message_id: int | None = None
     finished_ms: int | None = None
-    # messageKey -> highest attempt seen, and the tool calls of recorded assistant messages.
+    # messageKey -> highest attempt seen, and how many tool calls recorded assistant messages issued.
     attempts: dict[str, int] = field(default_factory=dict)
-    tool_call_ids: set[str] = field(default_factory=set)
+    tool_calls: int = 0
 
     def add(self, row: _Row) -> None:
         """Fold one later message of the turn in. Its content is None unless it was read: only an
@@ -112,7 +112,10 @@ class _Turn:
         if record is not None:
             key, attempt = record
             self.attempts[key] = max(attempt, self.attempts.get(key, 0))
-            self.tool_call_ids.update(_strings(row.call_ids))
+            # Every call counts: ids are not unique (some servers number each response's calls from
+            # call_0, so every tool round reuses them), and compaction's model view pairs a result
+            # with one call of its id, never merging two calls that share it.
+            self.tool_calls += len(_strings(row.call_ids))
         # An assistant message without text (an empty or attachment-only reply) is no answer.
         answer = _text_preview(row)
         if answer:
@@ -135,7 +138,7 @@ class _Turn:
             "started_ms": self.started_ms,
             "finished_ms": self.finished_ms,
             "sampling_count": sum(self.attempts.values()) if recorded else None,
-            "tool_call_count": len(self.tool_call_ids) if recorded else None,
+            "tool_call_count": self.tool_calls if recorded else None,
             "commit_seq": self.commit_seq,
         }
 

@@ -220,7 +220,7 @@ async def test_turns_split_at_prompts_with_positions_previews_and_final_answers(
         assert not entry.HasField("sampling_count") and not entry.HasField("tool_call_count")
 
 
-async def test_counts_come_from_attempt_records_with_retries_and_distinct_calls(database: Database) -> None:
+async def test_counts_come_from_attempt_records_with_retries_and_every_call(database: Database) -> None:
     log = Session(database)
     await log.commit(user("retry once"))
     await log.commit(assistant("partial", key="k1", attempt=1))
@@ -230,7 +230,7 @@ async def test_counts_come_from_attempt_records_with_retries_and_distinct_calls(
         assistant("calling", "c1", "c2", key="k2"),
         tool("c1"),
         tool("c2"),
-        # The same call seen twice still counts once; a call without a record is not counted.
+        # An answered call's id issued again is another call; a call without a record is not counted.
         assistant("again", "c2", "c3", key="k3", attempt=3),
         assistant("unrecorded", "c9"),
         tool("c3"),
@@ -238,7 +238,29 @@ async def test_counts_come_from_attempt_records_with_retries_and_distinct_calls(
     )
     retried, tools = (await log.outline()).entries
     assert (retried.sampling_count, retried.tool_call_count, retried.answer) == (2, 0, "the answer")
-    assert (tools.sampling_count, tools.tool_call_count, tools.answer) == (1 + 3 + 1, 3, "done")
+    assert (tools.sampling_count, tools.tool_call_count, tools.answer) == (1 + 3 + 1, 4, "done")
+
+
+async def test_every_tool_call_counts_even_when_servers_reuse_its_id(database: Database) -> None:
+    # Some OpenAI-compatible servers number calls per response: every turn, and every tool round of a
+    # turn, issues `call_0` again. An id names a call only until it is answered, so it never merges two.
+    log = Session(database)
+    for number in range(3):
+        await log.commit(
+            user(f"turn {number}"),
+            assistant("calling", "call_0", key=f"t{number}"),
+            tool("call_0"),
+            assistant(f"done {number}", key=f"a{number}"),
+        )
+    await log.commit(user("rounds"), assistant("round 1", "call_0", "call_1", key="r1"), tool("call_1"))
+    await log.refresh()
+    # Round 2's result is stored before the assistant that issued it; round 3 reuses the id again.
+    await log.commit(tool("call_0"), tool("call_0"), assistant("round 2", "call_0", key="r2"))
+    await log.refresh()
+    await log.commit(assistant("round 3", "call_0", key="r3"), tool("call_0"), assistant("done", key="r4"))
+    entries = (await log.outline()).entries
+    assert [(entry.sampling_count, entry.tool_call_count) for entry in entries] == [(2, 1), (2, 1), (2, 1), (4, 4)]
+    assert await log.rows() == await log.rebuilt_rows()
 
 
 @pytest.mark.parametrize("chunk", [2, 2000])
@@ -385,7 +407,7 @@ async def test_tool_results_and_tool_call_reasoning_are_never_read(database: Dat
     # The incremental refresh reads the last turn again from its prompt, over the poisoned rows.
     await log.commit(assistant("more", "c2", "c1", key="k2"), tool("c2"), assistant("here", key="k3"), poison=True)
     (entry,) = (await log.outline()).entries
-    assert (entry.answer, entry.sampling_count, entry.tool_call_count) == ("here", 3, 2)
+    assert (entry.answer, entry.sampling_count, entry.tool_call_count) == ("here", 3, 3)
     assert await log.rows() == await log.rebuilt_rows()
 
 
