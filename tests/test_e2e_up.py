@@ -284,3 +284,34 @@ def test_an_operator_follows_and_cleans_up_what_up_started_with_no_token_exporte
     # It reached transcript with the run's token and found the deleted session's event.
     assert "checked 1 deleted-session event(s)" in cleanup.read_text()
     run.stop()
+
+
+def make_dry_run(*arguments: str) -> list[str]:
+    """The commands `make <arguments>` would run in a fresh checkout (every target out of date), one per line."""
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run(
+        ["make", "--dry-run", "--always-make", "--no-print-directory", *arguments],
+        cwd=root,
+        env=newcomer_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=COMMAND_TIMEOUT,
+    )
+    return result.stdout.splitlines()
+
+
+def test_make_run_installs_only_runtime_dependencies_and_passes_options_to_up() -> None:
+    commands = make_dry_run("run", "ARGS=--gateway-port 9090 --data-dir /tmp/x")
+
+    installs = [command for command in commands if "pip install" in command]
+    assert any(command.endswith("-r requirements.txt") for command in installs), commands
+    assert not [command for command in installs if "requirements-dev.txt" in command], commands
+    assert commands[-1] == ".venv/bin/continuum up --gateway-port 9090 --data-dir /tmp/x"
+
+
+def test_make_test_installs_the_development_tools_and_lints_imports() -> None:
+    commands = make_dry_run("test")
+
+    assert any(command.endswith("-r requirements-dev.txt") for command in commands), commands
+    assert any("lint-imports" in command for command in commands), commands
