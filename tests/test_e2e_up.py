@@ -266,6 +266,10 @@ def test_an_operator_follows_and_cleans_up_what_up_started_with_no_token_exporte
         doomed = create_session(client, "doomed")
         assert client.delete(f"/v1/sessions/{doomed}").is_success
 
+    # What `up` prints is what works from the checkout: its data dir is the default one.
+    printed = run.output.read_text().splitlines()
+    assert f"  {CONTINUUM} follow <session-id>" in printed, run.diagnostics()
+    assert f"  {CONTINUUM} cleanup compaction" in printed, run.diagnostics()
     # From the checkout (default ./.continuum), with --data-dir, and with $CONTINUUM_DATA_DIR.
     followers = [
         operator_command(run, ["follow", session_id], cwd=run.checkout),

@@ -299,9 +299,13 @@ class Supervisor:
         lines += [
             f"Logs (JSON lines) go to {self.run_dir.logs_dir}/<component>.log, not to this terminal.",
             f"Dev token (user 'dev', kept in {self.data_dir / DEV_TOKEN_FILE}): {dev_token}",
-            f"This run's service token is kept in {self.data_dir / SERVICE_TOKEN_FILE} (mode 0600), where",
-            f"  {self._operator_command('follow <session-id>')} and "
-            f"{self._operator_command('cleanup compaction')} find it.",
+            f"Operator commands (they read this run's service token from {self.data_dir / SERVICE_TOKEN_FILE}):",
+            f"  {self._operator_command('follow <session-id>')}",
+        ]
+        lines += [
+            f"  {self._operator_command(f'cleanup {child.component.name}')}"
+            for child in self.children
+            if child.component.cleans_up
         ]
         entry = next(
             (c for c in self.children if c.component.protocol is Protocol.HTTP and c.component.dev_token), None

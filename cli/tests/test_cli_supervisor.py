@@ -150,8 +150,8 @@ def test_up_configures_children_and_stops_them_in_reverse_order(start_up: StartU
     assert f"http://127.0.0.1:{beta_port(up)}" in output
     assert service_token not in output
     assert page_token_secret not in output
-    assert f"service token is kept in {service_token_file} (mode 0600)" in output
-    assert f"follow <session-id> --data-dir {data_dir}" in output
+    assert f"read this run's service token from {service_token_file}" in output
+    assert f"follow <session-id> --data-dir {data_dir}\n" in output
 
     pids = up.pids()
     assert set(pids) == {"alpha", "beta"}
