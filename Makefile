@@ -2,39 +2,53 @@
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 BUF := .tools/node_modules/.bin/buf
-STAMP := $(VENV)/.installed
+# What `make run` needs: the runtime dependencies and the project (the `continuum` command).
+RUNTIME := $(VENV)/.installed-runtime
+# What `make test` and `make lint` need on top: linters, type checker, test runner, code generators.
+DEV := $(VENV)/.installed-dev
+# Options for `continuum up`, e.g. make run ARGS="--gateway-port 9090".
+ARGS ?=
 
 .PHONY: setup run test lint protos protos-check buf-lint clean
 
-setup: $(STAMP) $(BUF)
+setup: $(DEV) $(BUF)
 
-$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
+# The project builds with the setuptools pinned in pyproject.toml's build-system, in an isolated build env.
+$(RUNTIME): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
-	touch $(STAMP)
+	$(PIP) -r requirements.txt
+	$(PIP) --no-deps -e .
+	touch $@
+
+$(DEV): $(RUNTIME) requirements-dev.txt
+	$(PIP) -r requirements-dev.txt
+	touch $@
 
 $(BUF):
 	npm install --silent --no-save --no-audit --no-fund --prefix .tools @bufbuild/buf@1.75.0
 
-run: $(STAMP)
-	$(VENV)/bin/continuum up
+run: $(RUNTIME)
+	$(VENV)/bin/continuum up $(ARGS)
 
-protos: $(STAMP)
+protos: $(DEV)
 	$(PY) scripts/protos.py
 
-protos-check: $(STAMP)
+protos-check: $(DEV)
 	$(PY) scripts/protos.py --check
 
 buf-lint: $(BUF)
 	$(BUF) lint
 
-lint: $(STAMP) protos-check buf-lint
+# lint-imports checks the layering contracts in pyproject.toml (which package may import which); without a
+# cache it takes under a second and leaves no cache directory in the checkout.
+lint: $(DEV) protos-check buf-lint
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	# One mypy run per suite: every suite has its own conftest.py.
 	for tree in runtime services/transcript services/compaction clients gateway "cli tests" "bench scripts conftest.py"; do $(VENV)/bin/mypy $$tree || exit 1; done
+	$(VENV)/bin/lint-imports --no-cache --no-logo
 
 test: setup lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)

@@ -19,8 +19,9 @@ class Component:
     """One process: `python -m <argv...>`, configured only by `<env_prefix>*` environment variables.
 
     Each component receives `<P>DATA_DIR`, `<P>HOST`, `<P>PORT` and `<P>SERVICE_TOKEN`, plus
-    `<P><DEP>_ADDRESS` ("127.0.0.1:<port>") for every name in `depends_on`, and `<P>DEV_TOKEN`
-    when `dev_token` is set. It publishes its bound port in `<data_dir>/run/<name>.port`.
+    `<P><DEP>_ADDRESS` ("127.0.0.1:<port>") for every name in `depends_on`, `<P>DEV_TOKEN` when
+    `dev_token` is set and `<P>PAGE_TOKEN_SECRET` when `signs_page_tokens` is set. It publishes its
+    bound port in `<data_dir>/run/<name>.port`.
     """
 
     name: str
@@ -32,6 +33,8 @@ class Component:
     default_port: int = 0
     # Browser-facing components accept the local developer's bearer token.
     dev_token: bool = False
+    # Services sign the page tokens they issue with the deployment's page-token secret.
+    signs_page_tokens: bool = False
     # `python -m <module> migrate` exists (what `continuum migrate <name>` runs).
     migrates: bool = False
     # `python -m <module> cleanup` exists (what `continuum cleanup <name>` runs).
@@ -42,16 +45,32 @@ class Component:
         """The module run with `python -m`."""
         return self.argv[0]
 
+    def variable(self, setting: str) -> str:
+        """The environment variable of one of its settings: "SERVICE_TOKEN" -> "TRANSCRIPT_SERVICE_TOKEN"."""
+        return f"{self.env_prefix}{setting}"
+
+    def address_variable(self, dependency: str) -> str:
+        """The environment variable holding the address of `dependency`: "TRANSCRIPT_ADDRESS" with prefix."""
+        return self.variable(f"{dependency.upper()}_ADDRESS")
+
 
 # Started in this order, stopped in the reverse order; a component may only depend on earlier ones.
 COMPONENTS: tuple[Component, ...] = (
-    Component("transcript", ("continuum_transcript", "serve"), "TRANSCRIPT_", default_port=50151, migrates=True),
+    Component(
+        "transcript",
+        ("continuum_transcript", "serve"),
+        "TRANSCRIPT_",
+        default_port=50151,
+        signs_page_tokens=True,
+        migrates=True,
+    ),
     Component(
         "compaction",
         ("continuum_compaction", "serve"),
         "COMPACTION_",
         depends_on=("transcript",),
         default_port=50152,
+        signs_page_tokens=True,
         migrates=True,
         cleans_up=True,
     ),

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from continuum_cli.components import COMPONENTS, Component, cleanable, migratable
-from continuum_cli.follow import DEFAULT_USER, TOKEN_ENV, default_address, follow
+from continuum_cli.datadir import DATA_DIR_HELP, resolve_data_dir
+from continuum_cli.follow import ADDRESS_ENV, DEFAULT_ADDRESS, DEFAULT_USER, TOKEN_ENV, follow
 from continuum_cli.migrate import cleanup, migrate
 from continuum_cli.supervisor import up
 
@@ -23,6 +24,11 @@ def port_number(text: str) -> int:
     return port
 
 
+def add_data_dir_option(parser: argparse.ArgumentParser, purpose: str) -> None:
+    """`--data-dir DIR`; None when absent (see `resolve_data_dir`)."""
+    parser.add_argument("--data-dir", type=Path, default=None, metavar="DIR", help=f"{DATA_DIR_HELP}; {purpose}")
+
+
 def build_parser(components: Sequence[Component] = COMPONENTS) -> argparse.ArgumentParser:
     """The command line: `up`, `migrate <service>`, `follow <session>` and `cleanup <service>`."""
     parser = argparse.ArgumentParser(
@@ -31,12 +37,7 @@ def build_parser(components: Sequence[Component] = COMPONENTS) -> argparse.Argum
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     up_parser = commands.add_parser("up", help="run every service locally until Ctrl-C")
-    up_parser.add_argument(
-        "--data-dir",
-        type=Path,
-        default=Path(".continuum"),
-        help="where databases, run files, logs and the dev token live (default: ./.continuum)",
-    )
+    add_data_dir_option(up_parser, "where databases, run files, logs and tokens live")
     # One option per component, so a new table entry gets its port option for free.
     for component in components:
         up_parser.add_argument(
@@ -56,17 +57,20 @@ def build_parser(components: Sequence[Component] = COMPONENTS) -> argparse.Argum
         "follow", help="print a session live until Ctrl-C (for operators holding the service token)"
     )
     follow_parser.add_argument("session_id", help="the session to follow")
+    add_data_dir_option(follow_parser, "its service token and transcript port are used when not given otherwise")
     follow_parser.add_argument(
         "--address",
-        default=default_address(),
+        default=None,
         metavar="HOST:PORT",
-        help="the transcript service (default: $CONTINUUM_TRANSCRIPT_ADDRESS or 127.0.0.1:50151)",
+        help=f"the transcript service (default: ${ADDRESS_ENV}, else the port transcript publishes in the data "
+        f"dir, else {DEFAULT_ADDRESS})",
     )
     follow_parser.add_argument(
         "--token-env",
         default=TOKEN_ENV,
         metavar="NAME",
-        help=f"environment variable holding the transcript service token (default: {TOKEN_ENV})",
+        help=f"environment variable holding the transcript service token (default: {TOKEN_ENV}); "
+        "when unset, the token `continuum up` keeps in the data dir",
     )
     follow_parser.add_argument(
         "--user", default=DEFAULT_USER, help=f"the user who owns the session (default: {DEFAULT_USER})"
@@ -78,18 +82,26 @@ def build_parser(components: Sequence[Component] = COMPONENTS) -> argparse.Argum
         help="remove what one service still holds for deleted sessions, and exit (configured by its own env vars)",
     )
     cleanup_parser.add_argument("service", choices=cleaned, help=f"one of: {', '.join(cleaned)}")
+    add_data_dir_option(
+        cleanup_parser,
+        "supplies the service's data dir and, while `continuum up` runs there, its token and addresses "
+        "(the service's own <PREFIX>* variables win)",
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None, components: Sequence[Component] = COMPONENTS) -> int:
     """Run the command line `argv` (default: sys.argv[1:]); the process exit code."""
     args = build_parser(components).parse_args(argv)
-    if args.command == "up":
-        ports = {component.name: getattr(args, f"port_{component.name}") for component in components}
-        return up(args.data_dir, ports, components)
     if args.command == "migrate":
         return migrate(migratable(components)[args.service])
+    data_dir = resolve_data_dir(args.data_dir)
+    if args.command == "up":
+        ports = {component.name: getattr(args, f"port_{component.name}") for component in components}
+        return up(data_dir, ports, components)
     if args.command == "follow":
-        return follow(args.session_id, args.address, args.token_env, args.user)
+        return follow(
+            args.session_id, address=args.address, data_dir=data_dir, token_env=args.token_env, user=args.user
+        )
     # argparse accepts nothing else; only `cleanup` remains.
-    return cleanup(cleanable(components)[args.service])
+    return cleanup(cleanable(components)[args.service], data_dir)

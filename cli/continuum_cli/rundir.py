@@ -5,8 +5,16 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
+
+# Components bind loopback only: the dev token is a local convenience, not a credential to expose on a network.
+LOCAL_HOST = "127.0.0.1"
+# What a local run creates is its operator's alone: files 0600, directories 0700 (tokens, databases,
+# attachments and logs hold other people's conversations and credentials).
+PRIVATE_UMASK = 0o077
+PRIVATE_DIR_MODE = 0o700
 
 
 class DataDirInUse(Exception):
@@ -33,10 +41,30 @@ class RunDir:
         """Where component `name`'s stdout and stderr (JSON log lines) are appended."""
         return self.logs_dir / f"{name}.log"
 
+    def address(self, name: str) -> str | None:
+        """ "127.0.0.1:<port>" of component `name` while a local run publishes its port, else None."""
+        port = self.read_port(name)
+        return None if port is None else f"{LOCAL_HOST}:{port}"
+
     def create(self) -> None:
-        """Create the data, run and log directories."""
+        """Create the data, run and log directories, private to the operator (0700).
+
+        A directory that already exists keeps its mode: the data dir may be one the operator chose
+        for other things too (see `exposed_mode`).
+        """
         for directory in (self.data_dir, self.run_dir, self.logs_dir):
-            directory.mkdir(parents=True, exist_ok=True)
+            directory.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+
+    def exposed_mode(self) -> int | None:
+        """The data dir's permission bits when other users may enter or read it, else None."""
+        mode = stat.S_IMODE(self.data_dir.stat().st_mode)
+        return mode if mode & 0o077 else None
+
+    def open_log(self, name: str) -> int:
+        """Open component `name`'s log for appending, private (0600) even if an older run left it readable."""
+        fd = os.open(self.log_file(name), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.fchmod(fd, 0o600)
+        return fd
 
     def lock(self) -> int:
         """Take the data dir's exclusive lock and return its file descriptor (held until every holder closes it).

@@ -15,15 +15,21 @@ from pathlib import Path
 from types import FrameType
 
 from continuum_cli.components import COMPONENTS, Component, Protocol, check_order
+from continuum_cli.datadir import resolve_data_dir
 from continuum_cli.health import probe
 from continuum_cli.ports import port_in_use
-from continuum_cli.rundir import DataDirInUse, RunDir
-from continuum_cli.tokens import DEV_TOKEN_FILE, load_or_create_dev_token, new_token
+from continuum_cli.rundir import LOCAL_HOST, PRIVATE_UMASK, DataDirInUse, RunDir
+from continuum_cli.tokens import (
+    DEV_TOKEN_FILE,
+    SERVICE_TOKEN_FILE,
+    load_or_create_dev_token,
+    load_or_create_page_token_secret,
+    new_token,
+    write_service_token,
+)
 
 EXIT_OK = 0
 EXIT_FAILED = 1
-# Components bind loopback only: the dev token is a local convenience, not a credential to expose on a network.
-LOCAL_HOST = "127.0.0.1"
 # Generous: the first start of a service runs its migrations before it binds.
 STARTUP_TIMEOUT_SECONDS = 60.0
 STOP_GRACE_SECONDS = 10.0
@@ -59,20 +65,22 @@ def component_env(
     port: int,
     service_token: str,
     dev_token: str,
+    page_token_secret: str,
     addresses: Mapping[str, str],
 ) -> dict[str, str]:
     """The prefixed variables that configure `component` (see `Component`); added on top of the parent's environment."""
-    prefix = component.env_prefix
     env = {
-        f"{prefix}DATA_DIR": str(data_dir),
-        f"{prefix}HOST": LOCAL_HOST,
-        f"{prefix}PORT": str(port),
-        f"{prefix}SERVICE_TOKEN": service_token,
+        component.variable("DATA_DIR"): str(data_dir),
+        component.variable("HOST"): LOCAL_HOST,
+        component.variable("PORT"): str(port),
+        component.variable("SERVICE_TOKEN"): service_token,
     }
     for dependency in component.depends_on:
-        env[f"{prefix}{dependency.upper()}_ADDRESS"] = addresses[dependency]
+        env[component.address_variable(dependency)] = addresses[dependency]
     if component.dev_token:
-        env[f"{prefix}DEV_TOKEN"] = dev_token
+        env[component.variable("DEV_TOKEN")] = dev_token
+    if component.signs_page_tokens:
+        env[component.variable("PAGE_TOKEN_SECRET")] = page_token_secret
     return env
 
 
@@ -111,6 +119,9 @@ class Supervisor:
     def run(self) -> int:
         """Start, watch and stop everything; the process exit code."""
         previous = {signum: signal.signal(signum, self._on_signal) for signum in STOP_SIGNALS}
+        # Everything this run creates, and every file its children create (they inherit the umask:
+        # databases, attachments, port files), is the operator's alone.
+        previous_umask = os.umask(PRIVATE_UMASK)
         try:
             self.run_dir.create()
             try:
@@ -125,12 +136,20 @@ class Supervisor:
                 self._stop_all()
                 os.close(self._lock_fd)
         finally:
+            os.umask(previous_umask)
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
     def _run_locked(self) -> int:
+        exposed = self.run_dir.exposed_mode()
+        if exposed is not None:
+            self._say_error(
+                f"warning: other users may read {self.data_dir} (mode {exposed:o}), which keeps tokens and "
+                f"conversations; `chmod 700 {shlex.quote(str(self.data_dir))}` makes it private"
+            )
         clashes = [
-            f"{component.name}'s port {port} is already in use (pass --{component.name}-port N; 0 = any free port)"
+            f"{component.name}'s port {port} is already in use: pass --{component.name}-port N "
+            f'(with make: make run ARGS="--{component.name}-port N"); 0 picks any free port'
             for component in self.components
             if (port := self._port(component)) and port_in_use(LOCAL_HOST, port)
         ]
@@ -139,14 +158,19 @@ class Supervisor:
                 self._say_error(clash)
             return EXIT_FAILED
         dev_token = load_or_create_dev_token(self.data_dir)
-        # Fresh every run and never shown: only the children, through their environment, know it.
+        page_token_secret = load_or_create_page_token_secret(self.data_dir)
+        # Fresh every run and never printed: the children get it through their environment, the
+        # operator's `continuum follow` and `cleanup` from this private file.
         service_token = new_token()
+        write_service_token(self.data_dir, service_token)
         self.run_dir.remove_stale(component.name for component in self.components)
         try:
             for component in self.components:
                 if self.signals_received:
                     break
-                self._start(component, service_token=service_token, dev_token=dev_token)
+                self._start(
+                    component, service_token=service_token, dev_token=dev_token, page_token_secret=page_token_secret
+                )
         except StartupFailed as failure:
             self._say_error(f"{failure}; stopping the others")
             self._show_log_tail(failure.child)
@@ -172,7 +196,7 @@ class Supervisor:
         # Only count here: the main loop polls, so nothing re-entrant happens inside the handler.
         self.signals_received += 1
 
-    def _start(self, component: Component, *, service_token: str, dev_token: str) -> None:
+    def _start(self, component: Component, *, service_token: str, dev_token: str, page_token_secret: str) -> None:
         addresses = {child.component.name: f"{LOCAL_HOST}:{child.port}" for child in self.children}
         env = dict(os.environ)
         env.update(
@@ -182,13 +206,14 @@ class Supervisor:
                 port=self._port(component),
                 service_token=service_token,
                 dev_token=dev_token,
+                page_token_secret=page_token_secret,
                 addresses=addresses,
             )
         )
         log_path = self.run_dir.log_file(component.name)
         self._say(f"starting {component.name}")
-        with open(log_path, "ab") as log:
-            log_offset = log.tell()
+        with os.fdopen(self.run_dir.open_log(component.name), "ab") as log:
+            log_offset = log.seek(0, os.SEEK_END)
             process = subprocess.Popen(
                 [sys.executable, "-m", *component.argv],
                 env=env,
@@ -274,6 +299,13 @@ class Supervisor:
         lines += [
             f"Logs (JSON lines) go to {self.run_dir.logs_dir}/<component>.log, not to this terminal.",
             f"Dev token (user 'dev', kept in {self.data_dir / DEV_TOKEN_FILE}): {dev_token}",
+            f"Operator commands (they read this run's service token from {self.data_dir / SERVICE_TOKEN_FILE}):",
+            f"  {self._operator_command('follow <session-id>')}",
+        ]
+        lines += [
+            f"  {self._operator_command(f'cleanup {child.component.name}')}"
+            for child in self.children
+            if child.component.cleans_up
         ]
         entry = next(
             (c for c in self.children if c.component.protocol is Protocol.HTTP and c.component.dev_token), None
@@ -287,6 +319,15 @@ class Supervisor:
             ]
         lines += ["Press Ctrl-C to stop.", ""]
         print("\n".join(lines), file=sys.stdout, flush=True)
+
+    def _operator_command(self, arguments: str) -> str:
+        """How to run `continuum <arguments>` against this run, as the operator started `up`."""
+        # `.venv/bin/continuum` when started that way (`make run`): the venv need not be active.
+        program = sys.argv[0] if Path(sys.argv[0]).name == "continuum" else "continuum"
+        command = f"{program} {arguments}"
+        if resolve_data_dir(None).resolve() != self.data_dir:
+            command += f" --data-dir {shlex.quote(str(self.data_dir))}"
+        return command
 
     def _show_log_tail(self, child: Child) -> None:
         try:

@@ -1,4 +1,8 @@
-"""The two credentials of a local run: a per-run service token and a persistent developer token."""
+"""The secrets of a local run, kept as private files in its data dir.
+
+The service token is fresh every run; the developer token and the page-token secret are reused
+across runs. Other commands (`continuum follow`, `continuum cleanup`) read them from the same files.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ import secrets
 from pathlib import Path
 
 DEV_TOKEN_FILE = "dev-token"
+SERVICE_TOKEN_FILE = "service-token"
+PAGE_TOKEN_SECRET_FILE = "page-token-secret"
 # token68 (RFC 7235): what fits after "Bearer " in an Authorization header without quoting.
 _TOKEN_PATTERN = re.compile(r"^[A-Za-z0-9._~+/-]+=*$")
 
@@ -22,13 +28,37 @@ def load_or_create_dev_token(data_dir: Path) -> str:
 
     Reused across runs so a browser or script configured with it keeps working after a restart.
     """
-    path = data_dir / DEV_TOKEN_FILE
+    return _load_or_create(data_dir / DEV_TOKEN_FILE)
+
+
+def load_or_create_page_token_secret(data_dir: Path) -> str:
+    """The key the services sign page tokens with, in `<data_dir>/page-token-secret` (mode 0600).
+
+    Reused across runs so a page token a client holds still reads on after a restart.
+    """
+    return _load_or_create(data_dir / PAGE_TOKEN_SECRET_FILE)
+
+
+def write_service_token(data_dir: Path, token: str) -> Path:
+    """Keep this run's service token in `<data_dir>/service-token` (mode 0600); returns that path."""
+    path = data_dir / SERVICE_TOKEN_FILE
+    _write_private(path, token)
+    return path
+
+
+def read_token(path: Path) -> str | None:
+    """The token kept in `path`, or None when the file is absent or holds no usable token."""
     try:
-        existing = path.read_text(encoding="utf-8").strip()
+        text = path.read_text(encoding="utf-8").strip()
     except FileNotFoundError:
-        existing = ""
-    if _TOKEN_PATTERN.match(existing):
-        # A file copied in or created by hand may be world-readable; the token grants the dev user's access.
+        return None
+    return text if _TOKEN_PATTERN.match(text) else None
+
+
+def _load_or_create(path: Path) -> str:
+    existing = read_token(path)
+    if existing is not None:
+        # A file copied in or created by hand may be world-readable; the token grants access.
         os.chmod(path, 0o600)
         return existing
     token = new_token()

@@ -1,7 +1,7 @@
 """`python -m cli_fake_up <data_dir> <startup_timeout> <stop_grace> [name=port ...]`: the real supervisor over fakes.
 
-alpha is a gRPC service (like transcript); beta is an HTTP front that depends on it and takes the
-dev token (like the gateway).
+alpha is a gRPC service that signs page tokens (like transcript); beta is an HTTP front that depends
+on it and takes the dev token (like the gateway).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from continuum_cli.components import Component, Protocol
 from continuum_cli.supervisor import Supervisor
 
 COMPONENTS = (
-    Component("alpha", ("cli_fake_component", "alpha", "grpc"), "ALPHA_"),
+    Component("alpha", ("cli_fake_component", "alpha", "grpc"), "ALPHA_", signs_page_tokens=True),
     Component(
         "beta",
         ("cli_fake_component", "beta", "http"),

@@ -135,11 +135,23 @@ def test_up_configures_children_and_stops_them_in_reverse_order(start_up: StartU
     assert service_token == beta["BETA_SERVICE_TOKEN"]
     assert len(service_token) >= 32
     assert service_token != dev_token
+    # One page-token secret, kept for the next run, for the services only.
+    page_token_secret = (data_dir / "page-token-secret").read_text().strip()
+    assert alpha["ALPHA_PAGE_TOKEN_SECRET"] == page_token_secret
+    assert len(page_token_secret) >= 32
+    assert page_token_secret not in (service_token, dev_token)
+    assert "BETA_PAGE_TOKEN_SECRET" not in beta
+    # The operator's commands find this run's service token in a private file.
+    service_token_file = data_dir / "service-token"
+    assert service_token_file.read_text().strip() == service_token
 
     output = up.stdout() + up.stderr()
     assert dev_token in output
     assert f"http://127.0.0.1:{beta_port(up)}" in output
     assert service_token not in output
+    assert page_token_secret not in output
+    assert f"read this run's service token from {service_token_file}" in output
+    assert f"follow <session-id> --data-dir {data_dir}\n" in output
 
     pids = up.pids()
     assert set(pids) == {"alpha", "beta"}
@@ -150,6 +162,59 @@ def test_up_configures_children_and_stops_them_in_reverse_order(start_up: StartU
     assert up.stops() == ["beta", "alpha"]
     assert not [pid for pid in pids.values() if alive(pid)]
     assert not list((data_dir / "run").glob("*.p*"))  # no port or pid files left behind
+
+
+def test_everything_a_run_and_its_children_create_in_the_data_dir_is_private(start_up: StartUp) -> None:
+    up = start_up()
+    wait_until_up(up)
+    # Written by the children (their recorded env, port files) as well as by the supervisor.
+    assert (up.data_dir / "alpha.env.json").exists()
+    assert (up.data_dir / "run" / "alpha.port").exists()
+
+    modes = {
+        str(path.relative_to(up.data_dir)): path.stat().st_mode & 0o777
+        for path in [up.data_dir, *up.data_dir.rglob("*")]
+    }
+
+    assert {"dev-token", "service-token", "page-token-secret", "logs/alpha.log", "run/up.lock"} <= set(modes)
+    assert {name: mode for name, mode in modes.items() if mode not in (0o600, 0o700)} == {}
+    assert {name for name, mode in modes.items() if mode == 0o700} == {".", "run", "logs"}
+
+
+def test_a_data_dir_others_may_read_is_warned_about_and_left_alone(start_up: StartUp, tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    log = shared / "logs" / "alpha.log"
+    log.parent.mkdir()
+    log.write_text("an older run's line\n")
+    log.chmod(0o644)
+
+    up = start_up(data_dir=shared)
+    wait_until_up(up)
+
+    assert f"warning: other users may read {shared} (mode 755)" in up.stderr()
+    assert f"chmod 700 {shared}" in up.stderr()
+    assert shared.stat().st_mode & 0o777 == 0o755
+    # A log the run appends to is made private, keeping what it held.
+    assert log.stat().st_mode & 0o777 == 0o600
+    assert log.read_text().startswith("an older run's line\n")
+
+
+def test_the_page_token_secret_is_kept_across_runs_and_the_service_token_is_not(start_up: StartUp) -> None:
+    first = start_up()
+    wait_until_up(first)
+    secret, token = first.env_of("alpha")["ALPHA_PAGE_TOKEN_SECRET"], first.env_of("alpha")["ALPHA_SERVICE_TOKEN"]
+    first.process.send_signal(signal.SIGINT)
+    assert first.finish(timeout=20) == 0
+    (first.data_dir / "alpha.env.json").unlink()
+
+    second = start_up(data_dir=first.data_dir)
+    wait_until_up(second)
+
+    assert second.env_of("alpha")["ALPHA_PAGE_TOKEN_SECRET"] == secret
+    assert second.env_of("alpha")["ALPHA_SERVICE_TOKEN"] != token
+    assert (second.data_dir / "service-token").read_text().strip() == second.env_of("alpha")["ALPHA_SERVICE_TOKEN"]
 
 
 def beta_port(up: Up) -> int:
@@ -248,5 +313,8 @@ def test_a_fixed_port_already_served_is_refused_before_anything_starts(start_up:
     second = start_up(data_dir=tmp_path / "other", ports={"alpha": taken})
 
     assert second.finish(timeout=20) == 1
-    assert f"alpha's port {taken} is already in use (pass --alpha-port N; 0 = any free port)" in second.stderr()
+    assert (
+        f"alpha's port {taken} is already in use: pass --alpha-port N "
+        '(with make: make run ARGS="--alpha-port N"); 0 picks any free port'
+    ) in second.stderr()
     assert not (tmp_path / "other" / "alpha.env.json").exists()

@@ -13,21 +13,29 @@ import pytest
 from pydantic_settings import BaseSettings
 
 from continuum_cli.components import COMPONENTS, Component, Protocol, check_order, cleanable, migratable
+from continuum_cli.datadir import resolve_data_dir
+from continuum_cli.follow import follow, resolve_address, resolve_token
 from continuum_cli.main import build_parser, main
+from continuum_cli.migrate import local_env
 from continuum_cli.ports import port_in_use
 from continuum_cli.rundir import RunDir
 from continuum_cli.supervisor import component_env, describe_exit
-from continuum_cli.tokens import load_or_create_dev_token
+from continuum_cli.tokens import load_or_create_dev_token, load_or_create_page_token_secret, write_service_token
 from continuum_compaction.settings import CompactionSettings
 from continuum_gateway.settings import GatewaySettings
+from continuum_transcript.settings import TranscriptSettings
 
 HERE = Path(__file__).parent
+# Settings the services are gaining in parallel (issue 8: signed page tokens). Until they land, the
+# services ignore the variable; remove a name here once its setting exists.
+PENDING_SETTINGS = {"page_token_secret"}
 
 
-def test_up_defaults() -> None:
+def test_up_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CONTINUUM_DATA_DIR", raising=False)
     args = build_parser().parse_args(["up"])
 
-    assert args.data_dir == Path(".continuum")
+    assert resolve_data_dir(args.data_dir) == Path(".continuum")
     assert args.port_gateway == 8080
     assert args.port_transcript == 50151
     assert args.port_compaction == 50152
@@ -39,6 +47,18 @@ def test_up_options() -> None:
     )
 
     assert (args.data_dir, args.port_gateway, args.port_transcript, args.port_compaction) == (Path("/x"), 0, 7, 8)
+
+
+@pytest.mark.parametrize("command", [["up"], ["follow", "s1"], ["cleanup", "compaction"]])
+def test_the_data_dir_is_the_option_else_the_environment_else_dot_continuum(
+    command: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CONTINUUM_DATA_DIR", raising=False)
+    assert resolve_data_dir(build_parser().parse_args(command).data_dir) == Path(".continuum")
+
+    monkeypatch.setenv("CONTINUUM_DATA_DIR", "/from/env")
+    assert resolve_data_dir(build_parser().parse_args(command).data_dir) == Path("/from/env")
+    assert resolve_data_dir(build_parser().parse_args([*command, "--data-dir", "/given"]).data_dir) == Path("/given")
 
 
 @pytest.mark.parametrize("port", ["-1", "65536", "eighty"])
@@ -93,7 +113,8 @@ def test_the_table_starts_transcript_then_compaction_then_the_gateway_that_needs
 
 
 @pytest.mark.parametrize(
-    ("component", "settings"), [(COMPONENTS[1], CompactionSettings), (COMPONENTS[2], GatewaySettings)]
+    ("component", "settings"),
+    [(COMPONENTS[0], TranscriptSettings), (COMPONENTS[1], CompactionSettings), (COMPONENTS[2], GatewaySettings)],
 )
 def test_every_variable_up_sets_is_a_setting_of_the_component(
     component: Component, settings: type[BaseSettings], tmp_path: Path
@@ -104,11 +125,13 @@ def test_every_variable_up_sets_is_a_setting_of_the_component(
         port=0,
         service_token="service",
         dev_token="dev",
+        page_token_secret="secret",
         addresses={name: "127.0.0.1:5" for name in component.depends_on},
     )
 
     fields = {name.removeprefix(component.env_prefix).lower() for name in env}
-    assert fields <= set(settings.model_fields), fields - set(settings.model_fields)
+    known = set(settings.model_fields) | PENDING_SETTINGS
+    assert fields <= known, fields - known
     assert settings.model_config.get("env_prefix") == component.env_prefix
 
 
@@ -133,6 +156,7 @@ def test_the_gateway_env_names_both_upstream_addresses_and_the_dev_token(tmp_pat
         port=0,
         service_token="service",
         dev_token="dev",
+        page_token_secret="secret",
         addresses={"transcript": "127.0.0.1:5", "compaction": "127.0.0.1:6"},
     )
 
@@ -147,13 +171,14 @@ def test_the_gateway_env_names_both_upstream_addresses_and_the_dev_token(tmp_pat
     }
 
 
-def test_the_compaction_env_names_the_transcript_address(tmp_path: Path) -> None:
+def test_the_compaction_env_names_the_transcript_address_and_the_page_token_secret(tmp_path: Path) -> None:
     env = component_env(
         COMPONENTS[1],
         data_dir=tmp_path,
         port=50152,
         service_token="service",
         dev_token="dev",
+        page_token_secret="secret",
         addresses={"transcript": "127.0.0.1:5"},
     )
 
@@ -163,6 +188,27 @@ def test_the_compaction_env_names_the_transcript_address(tmp_path: Path) -> None
         "COMPACTION_PORT": "50152",
         "COMPACTION_SERVICE_TOKEN": "service",
         "COMPACTION_TRANSCRIPT_ADDRESS": "127.0.0.1:5",
+        "COMPACTION_PAGE_TOKEN_SECRET": "secret",
+    }
+
+
+def test_the_transcript_env_carries_the_page_token_secret(tmp_path: Path) -> None:
+    env = component_env(
+        COMPONENTS[0],
+        data_dir=tmp_path,
+        port=50151,
+        service_token="service",
+        dev_token="dev",
+        page_token_secret="secret",
+        addresses={},
+    )
+
+    assert env == {
+        "TRANSCRIPT_DATA_DIR": str(tmp_path),
+        "TRANSCRIPT_HOST": "127.0.0.1",
+        "TRANSCRIPT_PORT": "50151",
+        "TRANSCRIPT_SERVICE_TOKEN": "service",
+        "TRANSCRIPT_PAGE_TOKEN_SECRET": "secret",
     }
 
 
@@ -198,6 +244,98 @@ def test_an_unusable_dev_token_file_is_replaced(tmp_path: Path, content: str) ->
     assert (tmp_path / "dev-token").read_text().strip() == token
 
 
+def test_the_page_token_secret_is_created_private_and_then_reused(tmp_path: Path) -> None:
+    secret = load_or_create_page_token_secret(tmp_path)
+
+    assert len(secret) >= 32
+    assert (tmp_path / "page-token-secret").stat().st_mode & 0o777 == 0o600
+    assert load_or_create_page_token_secret(tmp_path) == secret
+    assert secret != load_or_create_dev_token(tmp_path)
+
+
+def test_the_service_token_is_written_private_replacing_the_last_one(tmp_path: Path) -> None:
+    path = tmp_path / "service-token"
+    path.write_text("last-run\n")
+    path.chmod(0o644)
+
+    assert write_service_token(tmp_path, "this-run") == path
+    assert path.read_text() == "this-run\n"
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+def _local_run(data_dir: Path, ports: dict[str, int]) -> None:
+    """What a running `continuum up` leaves in its data dir: the two secrets and its port files."""
+    RunDir(data_dir).create()
+    write_service_token(data_dir, "run-token")
+    (data_dir / "page-token-secret").write_text("run-secret\n")
+    for name, port in ports.items():
+        (data_dir / "run" / f"{name}.port").write_text(f"{port}\n")
+
+
+def test_a_local_runs_data_dir_configures_a_maintenance_command(tmp_path: Path) -> None:
+    _local_run(tmp_path, {"transcript": 4001})
+
+    env = local_env(COMPONENTS[1], tmp_path, {"PATH": "/bin"})
+
+    assert env == {
+        "PATH": "/bin",
+        "COMPACTION_DATA_DIR": str(tmp_path.resolve()),
+        "COMPACTION_SERVICE_TOKEN": "run-token",
+        "COMPACTION_PAGE_TOKEN_SECRET": "run-secret",
+        "COMPACTION_TRANSCRIPT_ADDRESS": "127.0.0.1:4001",
+    }
+
+
+def test_the_operators_own_variables_win_over_the_data_dir(tmp_path: Path) -> None:
+    _local_run(tmp_path, {"transcript": 4001})
+    own = {
+        "COMPACTION_DATA_DIR": "/mine",
+        "COMPACTION_SERVICE_TOKEN": "mine",
+        "COMPACTION_PAGE_TOKEN_SECRET": "my-secret",
+        "COMPACTION_TRANSCRIPT_ADDRESS": "db:1",
+    }
+
+    assert local_env(COMPONENTS[1], tmp_path, own) == own
+
+
+def test_a_data_dir_without_a_run_supplies_only_itself(tmp_path: Path) -> None:
+    assert local_env(COMPONENTS[1], tmp_path / "none", {}) == {
+        "COMPACTION_DATA_DIR": str((tmp_path / "none").resolve())
+    }
+
+
+def test_follow_finds_token_and_address_in_the_data_dir_unless_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CONTINUUM_SERVICE_TOKEN", raising=False)
+    monkeypatch.delenv("CONTINUUM_TRANSCRIPT_ADDRESS", raising=False)
+    assert resolve_token("CONTINUUM_SERVICE_TOKEN", tmp_path) is None
+    assert resolve_address(None, tmp_path) == "127.0.0.1:50151"
+
+    _local_run(tmp_path, {"transcript": 4001})
+    assert resolve_token("CONTINUUM_SERVICE_TOKEN", tmp_path) == "run-token"
+    assert resolve_address(None, tmp_path) == "127.0.0.1:4001"
+
+    monkeypatch.setenv("CONTINUUM_SERVICE_TOKEN", "mine")
+    monkeypatch.setenv("CONTINUUM_TRANSCRIPT_ADDRESS", "env:2")
+    assert resolve_token("CONTINUUM_SERVICE_TOKEN", tmp_path) == "mine"
+    assert resolve_address(None, tmp_path) == "env:2"
+    assert resolve_address("given:3", tmp_path) == "given:3"
+
+
+def test_follow_without_any_token_says_where_it_looked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("CONTINUUM_SERVICE_TOKEN", raising=False)
+
+    code = follow("s1", address=None, data_dir=tmp_path, token_env="CONTINUUM_SERVICE_TOKEN", user="dev")
+
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "set CONTINUUM_SERVICE_TOKEN" in err
+    assert str(tmp_path / "service-token") in err
+
+
 def test_stale_run_files_are_removed_and_others_kept(tmp_path: Path) -> None:
     run_dir = RunDir(tmp_path)
     run_dir.create()
@@ -219,30 +357,60 @@ def test_read_port(tmp_path: Path, content: str, port: int | None) -> None:
     assert run_dir.read_port("transcript") == port
 
 
-@pytest.mark.parametrize("command", ["migrate", "cleanup"])
-def test_a_maintenance_command_runs_the_service_module_with_the_inherited_env_and_exits_with_its_code(
-    command: str, tmp_path: Path
-) -> None:
-    record = tmp_path / f"{command}.json"
+def _run_maintenance(arguments: list[str], tmp_path: Path, env: dict[str, str]) -> tuple[int, dict[str, object]]:
+    """`continuum <arguments>` over fake services alpha and beta (beta depends on alpha); exit code and record."""
+    record = tmp_path / "record.json"
     program = (
         "import sys\n"
         "from continuum_cli.components import Component\n"
         "from continuum_cli.main import main\n"
         "alpha = Component('alpha', ('cli_fake_component', 'alpha', 'grpc'), 'ALPHA_', migrates=True, cleans_up=True)\n"
-        f"sys.exit(main([{command!r}, 'alpha'], components=(alpha,)))\n"
+        "beta = Component('beta', ('cli_fake_component', 'beta', 'grpc'), 'BETA_', depends_on=('alpha',),\n"
+        "                 signs_page_tokens=True, cleans_up=True)\n"
+        f"sys.exit(main({arguments!r}, components=(alpha, beta)))\n"
     )
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(HERE),
-        "FAKE_COMMAND_RECORD": str(record),
-        "FAKE_COMMAND_EXIT": "5",
-        "ALPHA_DATA_DIR": "/somewhere",
+    inherited = {key: value for key, value in os.environ.items() if not key.startswith(("CONTINUUM_", "FAKE_"))}
+    env = {**inherited, "PYTHONPATH": str(HERE), "FAKE_COMMAND_RECORD": str(record), "FAKE_COMMAND_EXIT": "5", **env}
+
+    result = subprocess.run([sys.executable, "-c", program], env=env, cwd=tmp_path, check=False, timeout=30)
+
+    recorded: dict[str, object] = json.loads(record.read_text())
+    return result.returncode, recorded
+
+
+def test_migrate_runs_the_service_module_with_the_inherited_env_and_exits_with_its_code(tmp_path: Path) -> None:
+    code, record = _run_maintenance(["migrate", "alpha"], tmp_path, {"ALPHA_DATA_DIR": "/somewhere"})
+
+    assert code == 5
+    assert record == {"argv": ["migrate"], "env": {"ALPHA_DATA_DIR": "/somewhere"}}
+
+
+def test_cleanup_runs_the_service_module_with_the_inherited_env_and_exits_with_its_code(tmp_path: Path) -> None:
+    code, record = _run_maintenance(["cleanup", "alpha"], tmp_path, {"ALPHA_DATA_DIR": "/somewhere"})
+
+    assert code == 5
+    assert record == {"argv": ["cleanup"], "env": {"ALPHA_DATA_DIR": "/somewhere"}}
+
+
+@pytest.mark.parametrize("how", ["option", "environment", "default"])
+def test_cleanup_is_configured_by_the_local_run_in_the_data_dir(tmp_path: Path, how: str) -> None:
+    data_dir = tmp_path / ".continuum" if how == "default" else tmp_path / "data"
+    _local_run(data_dir, {"alpha": 4001})
+    arguments = ["cleanup", "beta"] + (["--data-dir", str(data_dir)] if how == "option" else [])
+    env = {"CONTINUUM_DATA_DIR": str(data_dir)} if how == "environment" else {}
+
+    code, record = _run_maintenance(arguments, tmp_path, env)
+
+    assert code == 5
+    assert record == {
+        "argv": ["cleanup"],
+        "env": {
+            "BETA_DATA_DIR": str(data_dir.resolve()),
+            "BETA_SERVICE_TOKEN": "run-token",
+            "BETA_PAGE_TOKEN_SECRET": "run-secret",
+            "BETA_ALPHA_ADDRESS": "127.0.0.1:4001",
+        },
     }
-
-    result = subprocess.run([sys.executable, "-c", program], env=env, check=False, timeout=30)
-
-    assert result.returncode == 5
-    assert json.loads(record.read_text()) == {"argv": [command], "env": {"ALPHA_DATA_DIR": "/somewhere"}}
 
 
 def test_a_listening_port_is_in_use_and_a_closed_one_is_not() -> None:

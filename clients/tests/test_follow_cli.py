@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from follow_testing import TOKEN, USER, Live, assistant, running, user
 
-from continuum_cli.follow import TOKEN_ENV
+from continuum_cli.follow import TOKEN_ENV, resolve_address
 from continuum_cli.main import build_parser, main
 
 CONTINUUM = Path(sys.executable).parent / "continuum"
@@ -94,18 +94,22 @@ async def test_follow_of_a_missing_session_exits_1_with_the_reason(tmp_path: Pat
 
 
 def test_follow_without_a_token_is_a_usage_error(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     monkeypatch.delenv("MY_TOKEN", raising=False)
+    # No local run's data dir to find a token in (./.continuum from here).
+    monkeypatch.delenv("CONTINUUM_DATA_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
 
     assert main(["follow", "s1", "--token-env", "MY_TOKEN"]) == 2
-    assert "set MY_TOKEN to the transcript service token" in capsys.readouterr().err
+    assert "set MY_TOKEN" in capsys.readouterr().err
 
 
-def test_follow_options_default_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_follow_options_default_to_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("CONTINUUM_TRANSCRIPT_ADDRESS", "10.0.0.1:7")
     args = build_parser().parse_args(["follow", "s1"])
-    assert (args.session_id, args.address, args.token_env, args.user) == ("s1", "10.0.0.1:7", TOKEN_ENV, "dev")
+    assert (args.session_id, args.token_env, args.user) == ("s1", TOKEN_ENV, "dev")
+    assert resolve_address(args.address, tmp_path) == "10.0.0.1:7"
 
     monkeypatch.delenv("CONTINUUM_TRANSCRIPT_ADDRESS")
-    assert build_parser().parse_args(["follow", "s1"]).address == "127.0.0.1:50151"
+    assert resolve_address(build_parser().parse_args(["follow", "s1"]).address, tmp_path) == "127.0.0.1:50151"
