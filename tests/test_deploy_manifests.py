@@ -27,9 +27,6 @@ SETTINGS: dict[str, type[BaseSettings]] = {
 }
 # The gRPC services: each signs its page tokens with `<PREFIX>PAGE_TOKEN_SECRET`.
 SERVICES = {"transcript": "TRANSCRIPT_", "compaction": "COMPACTION_"}
-# Settings the services are gaining in parallel (issue 8: signed page tokens). Until they land, the
-# services ignore the variable; remove a name here once its setting exists.
-PENDING_SETTINGS = {"page_token_secret"}
 # How a manifest documents the keys of a Secret a container reads whole (envFrom).
 SECRET_KEYS = re.compile(r"^# Secret (\S+) keys: (.+)$", re.MULTILINE)
 
@@ -106,7 +103,7 @@ def test_commands_and_environment_refer_to_real_code(document: dict[str, Any]) -
         for name in {variable["name"] for variable in container.get("env", [])} | _secret_variables(container):
             prefix = next(p for p in SETTINGS if name.startswith(p))
             field = name.removeprefix(prefix).lower()
-            assert field in PENDING_SETTINGS or _is_setting(SETTINGS[prefix], field), name
+            assert _is_setting(SETTINGS[prefix], field), name
 
 
 def test_services_select_their_deployments() -> None:

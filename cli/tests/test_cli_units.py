@@ -26,9 +26,6 @@ from continuum_gateway.settings import GatewaySettings
 from continuum_transcript.settings import TranscriptSettings
 
 HERE = Path(__file__).parent
-# Settings the services are gaining in parallel (issue 8: signed page tokens). Until they land, the
-# services ignore the variable; remove a name here once its setting exists.
-PENDING_SETTINGS = {"page_token_secret"}
 
 
 def test_up_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -130,7 +127,7 @@ def test_every_variable_up_sets_is_a_setting_of_the_component(
     )
 
     fields = {name.removeprefix(component.env_prefix).lower() for name in env}
-    known = set(settings.model_fields) | PENDING_SETTINGS
+    known = set(settings.model_fields)
     assert fields <= known, fields - known
     assert settings.model_config.get("env_prefix") == component.env_prefix
 
