@@ -23,9 +23,9 @@ from google.protobuf import json_format
 from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
+from continuum_runtime.clock import Clock
 from continuum_runtime.database import Database
 from continuum_transcript import convert, persistence
-from continuum_transcript.clock import now_ms
 from continuum_transcript.errors import AttemptConflict, PublisherUnavailable
 from continuum_transcript.validation import MessageRow
 
@@ -167,6 +167,7 @@ class SessionPublisher:
         replay_frames: int,
         id_block: int,
         on_closed: Callable[[SessionPublisher], None],
+        clock: Clock,
     ) -> None:
         self.session_id = session_id
         self.owner = owner
@@ -174,6 +175,7 @@ class SessionPublisher:
         self.commit_seq = binding.durable_seq
         self.durable_seq = binding.durable_seq
         self._db = database
+        self._clock = clock
         self._queue_bound = queue_bound
         self._id_block = id_block
         self._on_closed = on_closed
@@ -258,7 +260,7 @@ class SessionPublisher:
     ) -> tuple[int, list[int]]:
         # Synchronous from here on: sequence, ids, state and fan-out change together.
         seq = self.commit_seq + 1
-        created = now_ms() if create_ms is None else create_ms
+        created = self._clock.now_ms() if create_ms is None else create_ms
         stored: list[dict[str, Any]] = [
             {
                 "message_id": self._ids.popleft(),
@@ -387,7 +389,9 @@ class SessionPublisher:
             await self.flush_until(self.commit_seq)
             async with self._db.transaction() as connection:
                 result = await change(connection)
-                generation = await persistence.bump_generation(connection, self.session_id, self.generation)
+                generation = await persistence.bump_generation(
+                    connection, self.session_id, self.generation, self._clock.now_ms()
+                )
                 if generation is None:
                     raise PublisherUnavailable(
                         "the session's live transcript moved; retry", metadata={"session_id": self.session_id}
@@ -508,7 +512,9 @@ class SessionPublisher:
             while self._pending and not self.closed:
                 group = list(self._pending)
                 try:
-                    written = await persistence.persist(self._db, self.session_id, self.generation, group)
+                    written = await persistence.persist(
+                        self._db, self.session_id, self.generation, group, self._clock.now_ms()
+                    )
                 except Exception as error:  # the database is down or failing: keep output, retry
                     self._report_failure(type(error).__name__)
                     await asyncio.sleep(delay)
