@@ -39,7 +39,7 @@ def _exception(kind: type[BaseException], error: BaseException | None, trace: Tr
     a caller sent can reach the log through them.
     """
     described: dict[str, Any] = {"exception": kind.__name__, "frames": _frames(trace)}
-    causes = []
+    causes: list[dict[str, Any]] = []
     seen = {id(error)}
     cause = _cause_of(error)
     while cause is not None and id(cause) not in seen and len(causes) < MAX_CAUSES:
