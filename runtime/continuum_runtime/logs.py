@@ -13,6 +13,9 @@ from typing import Any
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
 # Causes followed from a logged exception (`raise ... from ...` and exceptions raised while handling one).
 MAX_CAUSES = 5
+# Frames kept per exception, the innermost (where it was raised): a deep recursion must not make a
+# log line of megabytes.
+MAX_FRAMES = 64
 
 
 class JsonFormatter(logging.Formatter):
@@ -38,13 +41,13 @@ def _exception(kind: type[BaseException], error: BaseException | None, trace: Tr
     lines either: file, line and function pin the code down in the deployed version, and nothing
     a caller sent can reach the log through them.
     """
-    described: dict[str, Any] = {"exception": kind.__name__, "frames": _frames(trace)}
+    described = {"exception": kind.__name__, **_frames(trace)}
     causes: list[dict[str, Any]] = []
     seen = {id(error)}
     cause = _cause_of(error)
     while cause is not None and id(cause) not in seen and len(causes) < MAX_CAUSES:
         seen.add(id(cause))
-        causes.append({"exception": type(cause).__name__, "frames": _frames(cause.__traceback__)})
+        causes.append({"exception": type(cause).__name__, **_frames(cause.__traceback__)})
         cause = _cause_of(cause)
     if causes:
         described["causes"] = causes
@@ -59,12 +62,15 @@ def _cause_of(error: BaseException | None) -> BaseException | None:
     return error.__context__
 
 
-def _frames(trace: TracebackType | None) -> list[dict[str, Any]]:
-    """Outermost first, as Python prints a traceback."""
-    return [
+def _frames(trace: TracebackType | None) -> dict[str, Any]:
+    """`frames`, outermost first as Python prints a traceback, and how many outer ones were left out."""
+    frames = [
         {"file": frame.f_code.co_filename, "line": line, "function": frame.f_code.co_qualname}
         for frame, line in traceback.walk_tb(trace)
     ]
+    if len(frames) <= MAX_FRAMES:
+        return {"frames": frames}
+    return {"frames": frames[-MAX_FRAMES:], "frames_omitted": len(frames) - MAX_FRAMES}
 
 
 def configure_logging(level: str, service: str) -> None:

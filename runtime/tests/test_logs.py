@@ -9,7 +9,7 @@ import logging
 import sys
 from collections.abc import Callable
 
-from continuum_runtime.logs import JsonFormatter
+from continuum_runtime.logs import MAX_FRAMES, JsonFormatter
 
 
 def _parse_row(row: str) -> int:
@@ -69,3 +69,27 @@ def test_an_exception_without_a_traceback_has_no_frames() -> None:
     entry = json.loads(line)
     assert (entry["exception"], entry["frames"]) == ("ValueError", [])
     assert "causes" not in entry
+
+
+def _recurse(depth: int) -> None:
+    if depth == 0:
+        raise ValueError("PRIVATE body at the bottom")
+    _recurse(depth - 1)
+
+
+def test_a_deep_traceback_keeps_its_innermost_frames() -> None:
+    try:
+        _recurse(MAX_FRAMES + 10)
+    except ValueError:
+        record = logging.LogRecord("continuum", logging.ERROR, __file__, 1, "failed", None, sys.exc_info())
+
+    entry = json.loads(JsonFormatter().format(record))
+
+    assert len(entry["frames"]) == MAX_FRAMES
+    # The test function and the outer recursion levels are left out; the raising level is kept.
+    assert entry["frames_omitted"] == 12
+    assert entry["frames"][-1] == {
+        "file": __file__,
+        "line": _line_of(_recurse, "raise ValueError"),
+        "function": "_recurse",
+    }
