@@ -8,7 +8,6 @@ event still in the outbox, for anything a consumer outage missed; the cleanup CL
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import grpc
@@ -17,9 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum_compaction import store
-from continuum_compaction.clock import now_ms
 from continuum_compaction.errors import CompactionError
 from continuum_compaction.transcript_client import TranscriptClient
+from continuum_runtime.clock import Clock
 from continuum_runtime.database import Database
 
 logger = logging.getLogger("continuum.compaction")
@@ -40,10 +39,11 @@ async def forget_deleted(connection: AsyncConnection, event: tpb.SessionEvent) -
 class SessionEventsConsumer:
     """Watches the outbox until stopped, resuming from its cursor after any break."""
 
-    def __init__(self, database: Database, transcript: TranscriptClient, retry_seconds: float) -> None:
+    def __init__(self, database: Database, transcript: TranscriptClient, retry_seconds: float, clock: Clock) -> None:
         self._database = database
         self._transcript = transcript
         self._retry_seconds = retry_seconds
+        self._clock = clock
 
     async def run(self) -> None:
         """Consume forever (cancel to stop)."""
@@ -56,7 +56,7 @@ class SessionEventsConsumer:
                 # A database hiccup must not end cleanup for the life of the process: resume from the
                 # durable cursor (the class name only: an error's text may quote a row).
                 logger.warning("session events consumer failed; resuming", extra={"error": type(error).__name__})
-            await asyncio.sleep(self._retry_seconds)
+            await self._clock.sleep(self._retry_seconds)
 
     async def _consume(self) -> None:
         async with self._database.connection() as connection:
@@ -69,7 +69,7 @@ class SessionEventsConsumer:
             # The cleanup and the cursor move together: an event is applied exactly once per cursor.
             async with self._database.transaction() as connection:
                 removed = await forget_deleted(connection, event)
-                await store.save_cursor(connection, CONSUMER, event.event_id, now_ms())
+                await store.save_cursor(connection, CONSUMER, event.event_id, self._clock.now_ms())
             if removed:
                 logger.info("forgot deleted sessions", extra={"event_id": event.event_id, "rows": removed})
 

@@ -12,31 +12,35 @@ The order of one compaction (seed 001 §7.2-§7.10):
    compaction moving the fence first, makes us discard the result; an edit afterwards is refused;
 6. compare-and-set the record; on a conflict discard the result, reload once and go on without
    compacting again; on success reload after the new boundary so messages written meanwhile count.
-No model call holds a database transaction.
+No model call holds a database transaction. Once a compaction started, a failure of what it depends on
+(transcript, the model, the database) is recorded as FAILED and the request is answered from its
+baseline; anything else is a bug and reaches the caller as INTERNAL, logged with its frames.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from sqlalchemy.exc import SQLAlchemyError
 
 from continuum.compaction.events.v1 import events_pb2
 from continuum.compaction.v1 import compaction_service_pb2 as api
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum_compaction import store
 from continuum_compaction.announce import Announcer
-from continuum_compaction.clock import now_ms
 from continuum_compaction.convert import event_message, outcome_name, trigger_name
 from continuum_compaction.cuts import Unit, batches, plan_cut, safe_boundary, should_compact
+from continuum_compaction.errors import CompactionError
 from continuum_compaction.facts import Fact, preserved_facts
 from continuum_compaction.history import LoadedHistory, load_history
 from continuum_compaction.settings import CompactionSettings
 from continuum_compaction.summarizer import BatchSummary, summarize_batch, summary_message_text
 from continuum_compaction.transcript_client import FenceMoved, HistoryRewritten, TranscriptClient
+from continuum_runtime.clock import Clock
 from continuum_runtime.database import Database
 from continuum_runtime.provider import ModelProvider, ProviderError, ProviderInputTooLarge, estimate_message_tokens
 
@@ -44,6 +48,9 @@ logger = logging.getLogger("continuum.compaction")
 
 # The shortest a message is clipped to when a summarization prompt is too large for the model.
 MIN_MESSAGE_CHARS = 200
+# What a started compaction depends on may fail: transcript (unreachable or refusing), the model, the
+# database (SQLAlchemy wraps driver errors; a connection that cannot even be opened is an OSError).
+DEPENDENCY_FAILURES = (CompactionError, ProviderError, SQLAlchemyError, OSError)
 
 
 @dataclass(frozen=True)
@@ -88,12 +95,18 @@ class Compactor:
     """Compacts sessions for one process; stateless between requests."""
 
     def __init__(
-        self, settings: CompactionSettings, database: Database, transcript: TranscriptClient, provider: ModelProvider
+        self,
+        settings: CompactionSettings,
+        database: Database,
+        transcript: TranscriptClient,
+        provider: ModelProvider,
+        clock: Clock,
     ) -> None:
         self._settings = settings
         self._database = database
         self._transcript = transcript
         self._provider = provider
+        self._clock = clock
 
     async def load(self, user: str, session_id: str) -> Baseline:
         """Read the record, validate its boundary, and load only the messages after it."""
@@ -156,7 +169,7 @@ class Compactor:
         if not due:
             return baseline, report
         report.trigger_mode = attempt.mode
-        run = _Run(session.session_id, attempt, baseline, time.monotonic())
+        run = _Run(session.session_id, attempt, baseline, self._clock)
         if not plan.candidates:
             report.outcome = events_pb2.COMPACTION_OUTCOME_NOTHING_TO_COMPACT
             await self._finish(run, report, baseline, announcer)
@@ -164,13 +177,13 @@ class Compactor:
         await announcer.started(attempt.mode, attempt.run_id, baseline.boundary)
         try:
             return await self._run(user, session, baseline, plan.candidates, run, report, announcer)
-        except Exception as error:
+        except DEPENDENCY_FAILURES as error:
             # The request still gets a correct context (the summary it started from and everything
             # after it); the attempt is recorded and announced as failed unless it already persisted.
             logger.warning("compaction failed", extra={"session_id": session.session_id, "error": type(error).__name__})
             if report.outcome != events_pb2.COMPACTION_OUTCOME_COMPACTED:
                 report.outcome = events_pb2.COMPACTION_OUTCOME_FAILED
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(*DEPENDENCY_FAILURES):
                     await self._finish(run, report, baseline, announcer)
             return baseline, report
 
@@ -288,7 +301,7 @@ class Compactor:
         """CAS the summary and record its event in one transaction: the stored record and event, None on
         a conflict."""
         async with self._database.transaction() as connection:
-            record = await store.persist_summary(connection, new, now_ms())
+            record = await store.persist_summary(connection, new, self._clock.now_ms())
             if record is None:
                 return None
             report.outcome = events_pb2.COMPACTION_OUTCOME_COMPACTED
@@ -300,16 +313,16 @@ class Compactor:
                 model=new.model,
                 summary_text=new.summary_text,
             )
-            report.event_id = await store.record_event(connection, row, now_ms())
-        return record, {**row.__dict__, "event_id": report.event_id, "create_ms": now_ms()}
+            report.event_id = await store.record_event(connection, row, self._clock.now_ms())
+        return record, {**row.__dict__, "event_id": report.event_id, "create_ms": self._clock.now_ms()}
 
     async def _finish(self, run: _Run, report: api.CompactionReport, after: Baseline, announcer: Announcer) -> None:
         """Record and announce an attempt that persisted nothing."""
         report.boundary_after = after.boundary
         row = run.event(report, boundary_after=after.boundary, tokens_after=after.estimated_tokens)
         async with self._database.transaction() as connection:
-            report.event_id = await store.record_event(connection, row, now_ms())
-        recorded = {**row.__dict__, "event_id": report.event_id, "create_ms": now_ms()}
+            report.event_id = await store.record_event(connection, row, self._clock.now_ms())
+        recorded = {**row.__dict__, "event_id": report.event_id, "create_ms": self._clock.now_ms()}
         await announcer.finished(event_message(recorded, include_summary=False))
 
 
@@ -320,9 +333,13 @@ class _Run:
     session_id: str
     attempt: Attempt
     before: Baseline
-    started: float
+    clock: Clock
+    started: float = field(init=False)
     succeeded: int = 0
     failed: int = 0
+
+    def __post_init__(self) -> None:
+        self.started = self.clock.monotonic()
 
     def event(
         self,
@@ -344,7 +361,7 @@ class _Run:
             tokens_before=self.before.estimated_tokens,
             tokens_after=tokens_after,
             model=model,
-            duration_ms=int((time.monotonic() - self.started) * 1000),
+            duration_ms=int((self.clock.monotonic() - self.started) * 1000),
             batches_succeeded=self.succeeded,
             batches_failed=self.failed,
             facts_found=report.facts_found,

@@ -14,11 +14,11 @@ from continuum.compaction.events.v1 import events_pb2
 from continuum.compaction.v1 import compaction_service_pb2 as api
 from continuum_compaction import store, validation
 from continuum_compaction.announce import Announcer
-from continuum_compaction.clock import now_ms
 from continuum_compaction.compactor import Attempt, Compactor
 from continuum_compaction.request import build_request
 from continuum_compaction.settings import CompactionSettings
 from continuum_compaction.transcript_client import TranscriptClient
+from continuum_runtime.clock import Clock
 from continuum_runtime.database import Database
 
 
@@ -26,12 +26,18 @@ class ContextBuilder:
     """Builds model requests for agent runtimes."""
 
     def __init__(
-        self, settings: CompactionSettings, database: Database, transcript: TranscriptClient, compactor: Compactor
+        self,
+        settings: CompactionSettings,
+        database: Database,
+        transcript: TranscriptClient,
+        compactor: Compactor,
+        clock: Clock,
     ) -> None:
         self._settings = settings
         self._database = database
         self._transcript = transcript
         self._compactor = compactor
+        self._clock = clock
 
     async def build(self, user: str, request: api.BuildContextRequest) -> api.BuildContextResponse:
         """Validate, load after the boundary, compact if due or signalled, assemble, describe."""
@@ -42,7 +48,12 @@ class ContextBuilder:
         async with self._database.transaction() as connection:
             signalled = await store.settle_signals(connection, session_id, run_id, take=mid_loop)
             inject_memory = await store.memory_choice(
-                connection, session_id, run_id, not mid_loop, not session.memory_injection_disabled, now_ms()
+                connection,
+                session_id,
+                run_id,
+                not mid_loop,
+                not session.memory_injection_disabled,
+                self._clock.now_ms(),
             )
             # Read here rather than on a connection of its own: one round of database work per request.
             record = await store.load_record(connection, session_id)
@@ -91,4 +102,4 @@ class ContextBuilder:
 
     async def _requeue(self, session_id: str, run_id: str) -> None:
         async with self._database.transaction() as connection:
-            await store.put_signal(connection, session_id, run_id, now_ms())
+            await store.put_signal(connection, session_id, run_id, self._clock.now_ms())

@@ -10,6 +10,7 @@ import grpc
 
 from continuum.compaction.v1 import compaction_service_pb2_grpc as api_grpc
 from continuum_compaction import SERVICE_NAME
+from continuum_compaction.claim_holder import ClaimHolder
 from continuum_compaction.cleanup import SessionEventsConsumer
 from continuum_compaction.compactor import Compactor
 from continuum_compaction.context import ContextBuilder
@@ -18,6 +19,7 @@ from continuum_compaction.servicer import CompactionServicer
 from continuum_compaction.settings import CompactionSettings
 from continuum_compaction.transcript_client import TranscriptClient
 from continuum_runtime import migrations
+from continuum_runtime.clock import Clock, SystemClock
 from continuum_runtime.database import Database
 from continuum_runtime.paging import token_secret
 from continuum_runtime.provider import ModelProvider, open_provider
@@ -53,42 +55,51 @@ async def migrate(settings: CompactionSettings) -> None:
         await database.dispose()
 
 
-async def start(settings: CompactionSettings, provider: ModelProvider | None = None) -> GrpcService:
+async def start(
+    settings: CompactionSettings, provider: ModelProvider | None = None, clock: Clock | None = None
+) -> GrpcService:
     """Start the compaction service; migrate first when `migrate_on_start` is set.
 
-    `provider` replaces the configured one (tests pass an in-memory provider with the same contract).
+    `provider` replaces the configured one (tests pass an in-memory provider with the same contract);
+    `clock` replaces the system clock (tests move time by hand).
     """
+    clock = clock or SystemClock()
     database = open_database(settings)
     if settings.migrate_on_start:
         await migrations.upgrade(database, MIGRATIONS_DIR)
     transcript = open_transcript(settings)
     provider = provider or open_provider(settings.provider)
-    compactor = Compactor(settings, database, transcript, provider)
+    compactor = Compactor(settings, database, transcript, provider, clock)
+    holder = ClaimHolder(settings, transcript)
     servicer = CompactionServicer(
         database,
         transcript,
-        ContextBuilder(settings, database, transcript, compactor),
-        ManualCompaction(settings, database, transcript, compactor),
+        ContextBuilder(settings, database, transcript, compactor, clock),
+        ManualCompaction(settings, database, transcript, compactor, holder, clock),
         token_secret(settings.page_token_secret.get_secret_value(), "compaction"),
     )
-    consumer: asyncio.Task[None] | None = None
+    tasks: list[asyncio.Task[None]] = []
     if settings.consume_session_events:
-        consumer = asyncio.create_task(SessionEventsConsumer(database, transcript, settings.events_retry_seconds).run())
+        consumer = SessionEventsConsumer(database, transcript, settings.events_retry_seconds, clock)
+        tasks.append(asyncio.create_task(consumer.run()))
 
-    async def stop_consumer() -> None:
-        if consumer is not None:
-            consumer.cancel()
+    async def stop_tasks() -> None:
+        for task in tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await consumer
+                await task
 
     def register(server: grpc.aio.Server) -> list[str]:
         api_grpc.add_CompactionServiceServicer_to_server(servicer, server)
         return [FULL_SERVICE_NAME]
 
-    return await start_server(
+    service = await start_server(
         SERVICE_NAME,
         settings,
         register=register,
         tracer_provider=tracer_provider(SERVICE_NAME, settings.trace_exporter),
-        cleanups=[stop_consumer, transcript.close, provider.aclose, database.dispose],
+        cleanups=[stop_tasks, transcript.close, provider.aclose, database.dispose],
     )
+    # Only now that this process holds its port can no live replica share its claims' holder name.
+    tasks.append(asyncio.create_task(holder.release_previous()))
+    return service

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Self
+
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from continuum_runtime.provider import ProviderSettings
@@ -46,8 +48,17 @@ class CompactionSettings(ServiceSettings):
     # Output budget of one summary.
     summary_max_output_tokens: int = Field(default=2048, ge=64)
 
-    # Lease of the claim an idle manual compaction holds (renewed while the model works).
-    claim_ttl_seconds: float = Field(default=120.0, ge=5, le=3600)
+    # Lease of the claim an idle manual compaction holds: a compaction that crashed stops blocking its
+    # session's turns after this long at most (sooner when it restarts: it releases its claims at start).
+    claim_ttl_seconds: float = Field(default=15.0, ge=2, le=3600)
+    # The claim is renewed this often while the model works, well inside the lease so that a renewal
+    # that is late or lost does not let it lapse.
+    claim_renew_seconds: float = Field(default=5.0, gt=0)
+    # Names this replica's claims in transcript, so that its next start can release what it held when it
+    # crashed. Must be stable across restarts of one replica and never shared by two live ones. Empty:
+    # `<host name>@<host>:<port>` (a Kubernetes pod keeps its name across container restarts, and no two
+    # live processes bind one address and port); on port 0, a name of this start only (its claims lapse).
+    instance_id: str = Field(default="", max_length=200, pattern=r"^[A-Za-z0-9._:-]*$")
     # The serialized context manifest stays within this many bytes (memory ids are trimmed first).
     manifest_max_bytes: int = Field(default=8192, ge=1024)
     # Consume transcript's session events to drop records of deleted sessions.
@@ -57,3 +68,9 @@ class CompactionSettings(ServiceSettings):
 
     # COMPACTION_PROVIDER__KIND=openai, COMPACTION_PROVIDER__BASE_URL=..., etc.; offline by default.
     provider: ProviderSettings = ProviderSettings()
+
+    @model_validator(mode="after")
+    def _renewal_within_lease(self) -> Self:
+        if self.claim_renew_seconds >= self.claim_ttl_seconds:
+            raise ValueError("claim_renew_seconds must be shorter than claim_ttl_seconds")
+        return self

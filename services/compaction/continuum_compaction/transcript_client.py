@@ -41,12 +41,14 @@ class FenceMoved(Exception):
 
 
 class SessionRunning(Exception):
-    """The session's tree is claimed by a running turn (`run_id`) or another holder."""
+    """The session's tree is claimed by a running turn (`run_id`) or another holder, until
+    `expire_time` (RFC 3339) unless renewed."""
 
-    def __init__(self, holder_kind: str, holder: str) -> None:
+    def __init__(self, holder_kind: str, holder: str, expire_time: str) -> None:
         super().__init__(holder_kind)
         self.holder_kind = holder_kind
         self.holder = holder
+        self.expire_time = expire_time
 
 
 class TranscriptClient:
@@ -135,25 +137,29 @@ class TranscriptClient:
     async def acquire_compaction_claim(self, user: str, session_id: str, holder: str, ttl_seconds: float) -> str:
         """Take the session's `compaction` claim; `SessionRunning` when a turn or another holder has it."""
         request = api.AcquireClaimsRequest(
-            session_ids=[session_id],
-            kind=tpb.CLAIM_KIND_COMPACTION,
-            holder=holder,
-            ttl=duration_pb2.Duration(seconds=int(ttl_seconds)),
+            session_ids=[session_id], kind=tpb.CLAIM_KIND_COMPACTION, holder=holder, ttl=_duration(ttl_seconds)
         )
         try:
             response: api.AcquireClaimsResponse = await self._call(self._stub.AcquireClaims, request, user)
         except TranscriptRefused as refused:
             if _refused_for(refused, transcript_reasons.SESSION_ALREADY_RUNNING, transcript_reasons.SESSION_BUSY):
-                raise SessionRunning(refused.metadata.get("holder_kind", ""), refused.metadata.get("holder", "")) from (
-                    refused
-                )
+                found = refused.metadata
+                raise SessionRunning(
+                    found.get("holder_kind", ""), found.get("holder", ""), found.get("expire_time", "")
+                ) from refused
             raise
         return response.claim.claim_id
 
     async def renew_claim(self, user: str, claim_id: str, ttl_seconds: float) -> None:
         """Extend a held claim's lease."""
-        request = api.RenewClaimsRequest(claim_id=claim_id, ttl=duration_pb2.Duration(seconds=int(ttl_seconds)))
+        request = api.RenewClaimsRequest(claim_id=claim_id, ttl=_duration(ttl_seconds))
         await self._call(self._stub.RenewClaims, request, user)
+
+    async def release_holder_claims(self, holder: str) -> list[str]:
+        """Release every `compaction` claim `holder` took, whoever's sessions they hold; their ids."""
+        request = api.ReleaseHolderClaimsRequest(holder=holder, kind=tpb.CLAIM_KIND_COMPACTION)
+        response: api.ReleaseHolderClaimsResponse = await self._call(self._stub.ReleaseHolderClaims, request, None)
+        return list(response.claim_ids)
 
     async def release_claim(self, user: str, claim_id: str) -> None:
         """Release a claim (releasing an expired one succeeds)."""
@@ -165,3 +171,9 @@ class TranscriptClient:
         await self._call(
             self._stub.PublishBatch, api.PublishBatchRequest(session_id=session_id, operations=operations), user
         )
+
+
+def _duration(seconds: float) -> duration_pb2.Duration:
+    duration = duration_pb2.Duration()
+    duration.FromMilliseconds(round(seconds * 1000))
+    return duration

@@ -28,11 +28,14 @@ from continuum_compaction.settings import CompactionSettings
 from continuum_compaction.summarizer import CLOSING
 from continuum_runtime.auth import call_metadata
 from continuum_runtime.channels import open_channel
+from continuum_runtime.clock import Clock
 from continuum_runtime.database import Database
 from continuum_runtime.provider import ChatMessage, Completion, ProviderInputTooLarge, ProviderUnavailable, Usage
 from continuum_runtime.server import GrpcService
 
 OWNER = "alice"
+# The text of a scripted provider bug, which must never reach a log line.
+CRASH_TEXT = "PRIVATE-crash-text"
 MESSAGE_REF = re.compile(r"\(#(\d+)\)")
 
 
@@ -46,7 +49,7 @@ class ScriptedProvider:
     """Answers with `summary: ids ...`; fails the calls whose 0-based index is in `fail_calls`."""
 
     fail_calls: set[int] = field(default_factory=set)
-    # Calls (0-based) that raise an unexpected error, as a provider bug would.
+    # Calls (0-based) that raise a programming error, as a provider with a bug would.
     crash_calls: set[int] = field(default_factory=set)
     gate: asyncio.Event | None = None
     reply: Callable[[Sequence[ChatMessage]], str] | None = None
@@ -66,7 +69,7 @@ class ScriptedProvider:
         if index in self.fail_calls:
             raise ProviderUnavailable("scripted failure")
         if index in self.crash_calls:
-            raise RuntimeError("scripted bug")
+            raise TypeError(f"{CRASH_TEXT}: a bug in the provider")
         if self.max_prompt_chars is not None and sum(len(m.content) for m in messages) > self.max_prompt_chars:
             raise ProviderInputTooLarge("scripted: prompt too large")
         body = self.reply(messages) if self.reply else f"summary of {summarized_ids(messages)}"
@@ -182,15 +185,16 @@ async def running_stack(
     transcript_overrides: dict[str, object] | None = None,
     configured_provider: bool = False,
     proxy: RecordingProxy | None = None,
+    clock: Clock | None = None,
     **overrides: object,
 ) -> AsyncIterator[Stack]:
     """Transcript and compaction started over `database_url`, with a client for each.
 
     Compaction calls the scripted provider unless `configured_provider` asks for the one its settings
     name (the built-in offline provider by default). With `proxy`, compaction reaches transcript
-    through it (started here, pointed at transcript).
+    through it (started here, pointed at transcript). With `clock`, both services run on it.
     """
-    async with running_transcript(tmp_path, database_url, **(transcript_overrides or {})) as transcript:
+    async with running_transcript(tmp_path, database_url, clock, **(transcript_overrides or {})) as transcript:
         transcript_port = transcript.service.port
         if proxy is not None:
             proxy.target(transcript_port)
@@ -198,7 +202,7 @@ async def running_stack(
             transcript_port = proxy.port
         settings = compaction_settings(tmp_path, database_url, transcript_port, **overrides)
         scripted = scripted or ScriptedProvider()
-        service = await start(settings, None if configured_provider else scripted)
+        service = await start(settings, None if configured_provider else scripted, clock)
         channel = open_channel(f"127.0.0.1:{service.port}")
         database = Database(settings.resolved_database_url("compaction"), schema="compaction")
         try:

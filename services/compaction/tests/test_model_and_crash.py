@@ -1,5 +1,6 @@
 """Compaction through the real HTTP model client against a scripted server on loopback, and a kill -9
-of the compaction process while the model is working: nothing half-written, nothing lost."""
+of the compaction process while the model is working: nothing half-written, nothing lost, and a session
+it was compacting on its own is free again soon (sooner still when the process restarts)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import asyncio
 import signal
 from pathlib import Path
 
+import grpc
 from compaction_testing import Stack, compaction_database_url, eventually, running_stack
+from google.protobuf import duration_pb2
 from model_server_testing import FakeModelServer, Reply, completion
 from process_testing import serve_module
 from pydantic import SecretStr
 from sqlalchemy import text
-from transcript_testing import SERVICE_TOKEN, assistant, running_transcript, user
+from transcript_testing import SERVICE_TOKEN, TranscriptClient, assistant, running_transcript, user
 
 from continuum.compaction.events.v1 import events_pb2
 from continuum.compaction.v1 import compaction_service_pb2 as api
@@ -22,6 +25,7 @@ from continuum.transcript.v1 import transcript_service_pb2 as tapi
 from continuum_runtime.auth import call_metadata
 from continuum_runtime.channels import open_channel
 from continuum_runtime.database import Database
+from continuum_runtime.errors import error_details
 from continuum_runtime.provider import ProviderSettings
 
 
@@ -76,8 +80,9 @@ async def test_a_summary_cut_at_the_output_limit_is_never_accepted(tmp_path: Pat
 
 
 async def _serve_compaction(
-    tmp_path: Path, database_url: str, transcript_port: int, model_url: str
+    tmp_path: Path, database_url: str, transcript_port: int, model_url: str, **settings: str
 ) -> tuple[asyncio.subprocess.Process, int]:
+    """The compaction service as its own process; `settings` adds COMPACTION_<NAME> variables."""
     data_dir = tmp_path / "compaction-process"
     env = {
         "COMPACTION_DATA_DIR": str(data_dir),
@@ -93,6 +98,7 @@ async def _serve_compaction(
         "COMPACTION_PROVIDER__KIND": "openai",
         "COMPACTION_PROVIDER__BASE_URL": model_url,
         "COMPACTION_PROVIDER__MODEL": "remote-model",
+        **{f"COMPACTION_{name.upper()}": value for name, value in settings.items()},
     }
     return await serve_module("continuum_compaction", "compaction", data_dir, env)
 
@@ -158,3 +164,85 @@ async def test_kill_9_while_the_model_works_leaves_nothing_half_written(tmp_path
             assert len(server.requests) == 2
     finally:
         await server.stop()
+
+
+async def _run_may_start(transcript: TranscriptClient) -> bool:
+    """Whether a turn can take the session now (its claim is released again at once)."""
+    metadata = call_metadata(SERVICE_TOKEN, "alice")
+    request = tapi.AcquireClaimsRequest(
+        session_ids=["s1"], kind=tpb.CLAIM_KIND_RUN, holder="run-2", ttl=duration_pb2.Duration(seconds=30)
+    )
+    try:
+        response = await transcript.stub.AcquireClaims(request, metadata=metadata)
+    except grpc.aio.AioRpcError as error:
+        if error_details(error).reason == "SESSION_ALREADY_RUNNING":
+            return False
+        raise
+    await transcript.stub.ReleaseClaims(tapi.ReleaseClaimsRequest(claim_id=response.claim.claim_id), metadata=metadata)
+    return True
+
+
+async def _kill_during_compact_now(
+    tmp_path: Path, database_url: str, transcript: TranscriptClient, model: FakeModelServer, **settings: str
+) -> None:
+    """Start compaction, ask it to compact the idle session s1, kill -9 it while the model works."""
+    metadata = call_metadata(SERVICE_TOKEN, "alice")
+    await transcript.stub.CreateSession(
+        tapi.CreateSessionRequest(session_id="s1", kind=tpb.SESSION_KIND_CHAT), metadata=metadata
+    )
+    messages = [user("one"), assistant("1"), user("two"), assistant("2"), user("three")]
+    await transcript.stub.AppendMessages(
+        tapi.AppendMessagesRequest(session_id="s1", messages=messages), metadata=metadata
+    )
+    process, port = await _serve_compaction(tmp_path, database_url, transcript.service.port, model.url, **settings)
+    channel = open_channel(f"127.0.0.1:{port}")
+    pending = asyncio.ensure_future(
+        api_grpc.CompactionServiceStub(channel).CompactNow(api.CompactNowRequest(session_id="s1"), metadata=metadata)
+    )
+    try:
+        await eventually(lambda: len(model.requests) == 1)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        await process.wait()
+    await asyncio.gather(pending, return_exceptions=True)
+    await channel.close()
+    # The claim outlived the process.
+    assert not await _run_may_start(transcript)
+
+
+async def test_kill_9_during_compact_now_frees_the_session_when_the_short_lease_ends(
+    tmp_path: Path, database_url: str
+) -> None:
+    model = FakeModelServer()
+    await model.start()
+    model.script(Reply(delay_seconds=60))
+    try:
+        async with running_transcript(tmp_path, database_url) as transcript:
+            await _kill_during_compact_now(tmp_path, database_url, transcript, model)
+
+            # Nobody renews the claim: its lease (15 s by default) ends and a turn can start.
+            await eventually(lambda: _run_may_start(transcript), seconds=45)
+    finally:
+        await model.stop()
+
+
+async def test_kill_9_during_compact_now_then_a_restart_frees_the_session_at_once(
+    tmp_path: Path, database_url: str
+) -> None:
+    model = FakeModelServer()
+    await model.start()
+    model.script(Reply(delay_seconds=60))
+    # A lease far longer than the wait below: only the restarted replica's release can free the session.
+    replica = {"instance_id": "replica-a", "claim_ttl_seconds": "3600"}
+    try:
+        async with running_transcript(tmp_path, database_url) as transcript:
+            await _kill_during_compact_now(tmp_path, database_url, transcript, model, **replica)
+
+            process, _ = await _serve_compaction(tmp_path, database_url, transcript.service.port, model.url, **replica)
+            try:
+                await eventually(lambda: _run_may_start(transcript), seconds=30)
+            finally:
+                process.send_signal(signal.SIGTERM)
+                await process.wait()
+    finally:
+        await model.stop()

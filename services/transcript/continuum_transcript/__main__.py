@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import sys
 
+from continuum_runtime.clock import SystemClock
 from continuum_runtime.logs import configure_logging
 from continuum_runtime.server import serve
 from continuum_transcript import SERVICE_NAME, turns
@@ -21,7 +22,7 @@ async def _serve(settings: TranscriptSettings) -> None:
 async def _rebuild_turn_index(settings: TranscriptSettings, session_id: str | None) -> None:
     database = open_database(settings)
     try:
-        rebuilt = await turns.rebuild(database, session_id)
+        rebuilt = await turns.rebuild(database, SystemClock(), session_id)
     finally:
         await database.dispose()
     # A count only: the index holds previews of bodies, which never belong on a terminal or in logs.

@@ -16,7 +16,6 @@ from sqlalchemy import RowMapping, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from continuum_transcript import sessions
-from continuum_transcript.clock import now_ms
 from continuum_transcript.errors import AttachmentNotFound, AttachmentTooLarge, BadRequest
 from continuum_transcript.tables import attachments
 
@@ -101,7 +100,13 @@ def check_header(media_type: str, file_name: str) -> None:
 
 
 async def record(
-    connection: AsyncConnection, owner: str, session_id: str, media_type: str, file_name: str, stored: StoredBytes
+    connection: AsyncConnection,
+    owner: str,
+    session_id: str,
+    media_type: str,
+    file_name: str,
+    stored: StoredBytes,
+    now_ms: int,
 ) -> RowMapping:
     """Insert the attachment row for bytes already in the store."""
     await sessions.load(connection, owner, session_id)
@@ -115,7 +120,7 @@ async def record(
             file_name=file_name,
             size_bytes=stored.size_bytes,
             sha256=stored.sha256,
-            create_ms=now_ms(),
+            create_ms=now_ms,
         )
     )
     return await load(connection, owner, attachment_id)

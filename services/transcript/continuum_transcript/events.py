@@ -10,7 +10,6 @@ from sqlalchemy import RowMapping, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from continuum.transcript.v1 import resources_pb2 as pb
-from continuum_transcript.clock import now_ms
 from continuum_transcript.tables import session_events
 
 DELETED = int(pb.SESSION_EVENT_TYPE_DELETED)
@@ -19,7 +18,9 @@ HISTORY_REWRITTEN = int(pb.SESSION_EVENT_TYPE_HISTORY_REWRITTEN)
 _OUTBOX_LOCK = zlib.crc32(b"continuum-transcript:session-events")
 
 
-async def record(connection: AsyncConnection, *, event_type: int, session: RowMapping, payload: dict[str, Any]) -> int:
+async def record(
+    connection: AsyncConnection, *, event_type: int, session: RowMapping, payload: dict[str, Any], now_ms: int
+) -> int:
     """Append an event; returns its id.
 
     On PostgreSQL a transaction-scoped advisory lock orders id assignment with commit order, so a
@@ -35,7 +36,7 @@ async def record(connection: AsyncConnection, *, event_type: int, session: RowMa
             root_session_id=session["root_session_id"],
             owner=session["owner"],
             payload=payload,
-            create_ms=now_ms(),
+            create_ms=now_ms,
         )
         .returning(session_events.c.event_id)
     )

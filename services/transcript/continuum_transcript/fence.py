@@ -12,7 +12,6 @@ from sqlalchemy import RowMapping, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from continuum_transcript import sessions
-from continuum_transcript.clock import now_ms
 from continuum_transcript.errors import CompactionFenceMoved, HistoryRewritten, MessageNotFound
 from continuum_transcript.tables import messages
 from continuum_transcript.tables import sessions as sessions_table
@@ -25,6 +24,7 @@ async def set_fence(
     message_id: int,
     expected_generation: int,
     expected_fence: int,
+    now_ms: int,
 ) -> RowMapping:
     """Move the fence from `expected_fence` up to `message_id`, only if the history generation is
     still `expected_generation`; returns the updated session row.
@@ -43,7 +43,7 @@ async def set_fence(
             sessions_table.c.compaction_fence_message_id == expected_fence,
             sessions_table.c.deleted.is_(False),
         )
-        .values(compaction_fence_message_id=message_id, update_ms=now_ms())
+        .values(compaction_fence_message_id=message_id, update_ms=now_ms)
         .returning(*sessions_table.c)
     )
     row = result.mappings().first()

@@ -13,6 +13,7 @@ from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum_runtime.auth import acting_user
 from continuum_runtime.capabilities import HISTORY_OUTLINE_V1
+from continuum_runtime.clock import Clock
 from continuum_runtime.database import Database
 from continuum_transcript import bodies, follow, messages, persistence, sessions, turns, validation
 from continuum_transcript.errors import BadRequest
@@ -77,6 +78,7 @@ class LiveTranscript:
     _settings: TranscriptSettings
     _db: Database
     _registry: PublisherRegistry
+    _clock: Clock
 
     async def Follow(self, request: api.FollowRequest, context: Context) -> AsyncIterator[api.FollowResponse]:
         owner = acting_user(context)
@@ -222,4 +224,5 @@ class LiveTranscript:
                 seq_pin=seq_pin or None,
                 current_stream_generation=await persistence.current_stream_generation(connection, session_id),
                 durable_seq=publisher.durable_seq,
+                now_ms=self._clock.now_ms(),
             )

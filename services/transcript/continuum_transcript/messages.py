@@ -202,6 +202,7 @@ async def edit_user_message(
     content: list[dict[str, object]],
     body_bytes: int,
     expected_generation: int | None,
+    now_ms: int,
 ) -> tuple[dict[str, Any], int, int, int]:
     """Replace a USER message's content and logically delete every later message, atomically.
 
@@ -211,7 +212,7 @@ async def edit_user_message(
     the HISTORY_REWRITTEN event id.
     """
     session = await sessions.load(connection, owner, session_id)
-    generation = await sessions.bump_generation(connection, session_id, expected_generation, message_id)
+    generation = await sessions.bump_generation(connection, session_id, expected_generation, message_id, now_ms)
     if generation is None:
         await _explain_refused_edit(connection, owner, session_id, message_id, expected_generation)
         # Nothing explains it any more: the fence moved back down meanwhile. Rare; the caller retries.
@@ -234,6 +235,7 @@ async def edit_user_message(
         event_type=events.HISTORY_REWRITTEN,
         session=session,
         payload={"edited_message_id": message_id, "history_generation": generation},
+        now_ms=now_ms,
     )
     return {**target, **body}, generation, int(removed.rowcount), event_id
 

@@ -11,7 +11,6 @@ from sqlalchemy import bindparam, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from continuum_runtime.database import Database, insert_ignoring_conflicts
-from continuum_transcript.clock import now_ms
 from continuum_transcript.tables import messages, session_runtime
 
 
@@ -37,8 +36,8 @@ class PersistBatch:
     pending_prompts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-async def bind(database: Database, session_id: str) -> Binding:
-    """Take the session's live transcript: a new stream generation, resuming from what is durable.
+async def bind(database: Database, session_id: str, now_ms: int) -> Binding:
+    """Take the session's live transcript (at `now_ms`): a new stream generation, resuming from what is durable.
 
     Every (re)bind bumps the stream generation, so followers of a previous publisher resync, and a
     previous publisher elsewhere is fenced out of further writes.
@@ -53,7 +52,7 @@ async def bind(database: Database, session_id: str) -> Binding:
             "durable_seq": int(durable or 0),
             "runtime_state": {},
             "pending_prompts": {},
-            "update_ms": now_ms(),
+            "update_ms": now_ms,
         }
         await connection.execute(
             insert_ignoring_conflicts(connection, session_runtime).values(fresh).on_conflict_do_nothing()
@@ -63,7 +62,7 @@ async def bind(database: Database, session_id: str) -> Binding:
                 await connection.execute(
                     update(session_runtime)
                     .where(session_runtime.c.session_id == session_id)
-                    .values(stream_generation=session_runtime.c.stream_generation + 1, update_ms=now_ms())
+                    .values(stream_generation=session_runtime.c.stream_generation + 1, update_ms=now_ms)
                     .returning(*session_runtime.c)
                 )
             )
@@ -78,12 +77,14 @@ async def bind(database: Database, session_id: str) -> Binding:
     )
 
 
-async def bump_stream_generation(connection: AsyncConnection, session_id: str, expected: int) -> int | None:
+async def bump_stream_generation(
+    connection: AsyncConnection, session_id: str, expected: int, now_ms: int
+) -> int | None:
     """Advance the stream generation inside a rewrite's transaction; None when `expected` is stale."""
     result = await connection.execute(
         update(session_runtime)
         .where(session_runtime.c.session_id == session_id, session_runtime.c.stream_generation == expected)
-        .values(stream_generation=session_runtime.c.stream_generation + 1, update_ms=now_ms())
+        .values(stream_generation=session_runtime.c.stream_generation + 1, update_ms=now_ms)
         .returning(session_runtime.c.stream_generation)
     )
     value = result.scalar_one_or_none()
@@ -161,8 +162,10 @@ _ADVANCE_DURABLE = (
 )
 
 
-async def persist(database: Database, session_id: str, stream_generation: int, batches: list[PersistBatch]) -> bool:
-    """Write a group of consecutive batches atomically; False when fenced out (another publisher
+async def persist(
+    database: Database, session_id: str, stream_generation: int, batches: list[PersistBatch], now_ms: int
+) -> bool:
+    """Write a group of consecutive batches atomically at `now_ms`; False when fenced out (another publisher
     bound the session, or the history was rewritten) and nothing was written."""
     rows = [row for batch in batches for row in batch.rows]
     last = batches[-1]
@@ -171,7 +174,7 @@ async def persist(database: Database, session_id: str, stream_generation: int, b
             raw = await connection.get_raw_connection()
             driver: Any = raw.driver_connection
             try:
-                held = await _fetch_fenced(driver, session_id, stream_generation, last, rows)
+                held = await _fetch_fenced(driver, session_id, stream_generation, last, rows, now_ms)
             except Exception:
                 # Straight driver calls bypass the pool's disconnect detection: a connection that
                 # failed here must not be handed out again.
@@ -187,7 +190,7 @@ async def persist(database: Database, session_id: str, stream_generation: int, b
                 "durable_seq": last.seq,
                 "runtime_state": last.runtime_state,
                 "pending_prompts": last.pending_prompts,
-                "update_ms": now_ms(),
+                "update_ms": now_ms,
             },
         )
         if fenced.rowcount != 1:
@@ -199,7 +202,7 @@ async def persist(database: Database, session_id: str, stream_generation: int, b
 
 
 async def _fetch_fenced(
-    driver: Any, session_id: str, stream_generation: int, last: PersistBatch, rows: list[dict[str, Any]]
+    driver: Any, session_id: str, stream_generation: int, last: PersistBatch, rows: list[dict[str, Any]], now_ms: int
 ) -> Any:
     return await driver.fetchval(
         _PERSIST_FENCED,
@@ -208,7 +211,7 @@ async def _fetch_fenced(
         last.seq,
         _json(last.runtime_state),
         _json(last.pending_prompts),
-        now_ms(),
+        now_ms,
         [row["message_id"] for row in rows],
         [row["session_id"] for row in rows],
         [row["role"] for row in rows],

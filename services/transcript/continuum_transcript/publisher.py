@@ -23,9 +23,9 @@ from google.protobuf import json_format
 from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
+from continuum_runtime.clock import Clock
 from continuum_runtime.database import Database
 from continuum_transcript import bodies, convert, persistence
-from continuum_transcript.clock import now_ms
 from continuum_transcript.errors import (
     AttemptConflict,
     AttemptTooLarge,
@@ -238,6 +238,7 @@ class SessionPublisher:
         limits: PublisherLimits,
         *,
         on_closed: Callable[[SessionPublisher], None],
+        clock: Clock,
     ) -> None:
         self.session_id = session_id
         self.owner = owner
@@ -246,6 +247,7 @@ class SessionPublisher:
         self.durable_seq = binding.durable_seq
         self._db = database
         self._limits = limits
+        self._clock = clock
         self._on_closed = on_closed
         state = fpb.RuntimeState()
         json_format.ParseDict(binding.runtime_state, state, ignore_unknown_fields=True)
@@ -332,7 +334,7 @@ class SessionPublisher:
     ) -> tuple[int, list[int]]:
         # Synchronous from here on: sequence, ids, state and fan-out change together.
         seq = self.commit_seq + 1
-        created = now_ms() if create_ms is None else create_ms
+        created = self._clock.now_ms() if create_ms is None else create_ms
         stored: list[dict[str, Any]] = [
             {
                 "message_id": self._ids.popleft(),
@@ -490,7 +492,7 @@ class SessionPublisher:
             async with self._db.transaction() as connection:
                 result = await change(connection)
                 stream_generation = await persistence.bump_stream_generation(
-                    connection, self.session_id, self.stream_generation
+                    connection, self.session_id, self.stream_generation, self._clock.now_ms()
                 )
                 if stream_generation is None:
                     raise PublisherUnavailable(
@@ -641,7 +643,9 @@ class SessionPublisher:
             while self._pending and not self.closed:
                 group = list(self._pending)
                 try:
-                    written = await persistence.persist(self._db, self.session_id, self.stream_generation, group)
+                    written = await persistence.persist(
+                        self._db, self.session_id, self.stream_generation, group, self._clock.now_ms()
+                    )
                 except Exception as error:  # the database is down or failing: keep output, retry
                     self._report_failure(type(error).__name__)
                     await asyncio.sleep(delay)

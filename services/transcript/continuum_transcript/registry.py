@@ -7,6 +7,7 @@ import contextlib
 import logging
 
 from continuum.transcript.v1 import follow_pb2 as fpb
+from continuum_runtime.clock import Clock
 from continuum_runtime.database import Database
 from continuum_transcript import persistence, sessions
 from continuum_transcript.publisher import PublisherLimits, SessionPublisher
@@ -19,9 +20,10 @@ class PublisherRegistry:
     """Finds or binds the publisher of a session. Binding bumps the session's stream generation, so a
     publisher that restarted (here or elsewhere) is a rebind every follower notices."""
 
-    def __init__(self, database: Database, settings: TranscriptSettings) -> None:
+    def __init__(self, database: Database, settings: TranscriptSettings, clock: Clock) -> None:
         self._db = database
         self._settings = settings
+        self._clock = clock
         self._publishers: dict[str, SessionPublisher] = {}
         self._binding: dict[str, asyncio.Lock] = {}
         self._reaper: asyncio.Task[None] | None = None
@@ -45,7 +47,7 @@ class PublisherRegistry:
                 return publisher
             async with self._db.connection() as connection:
                 row = await sessions.load(connection, owner, session_id)
-            binding = await persistence.bind(self._db, session_id)
+            binding = await persistence.bind(self._db, session_id, self._clock.now_ms())
             publisher = SessionPublisher(
                 session_id,
                 row["owner"],
@@ -53,6 +55,7 @@ class PublisherRegistry:
                 self._db,
                 PublisherLimits.of(self._settings),
                 on_closed=self._forget,
+                clock=self._clock,
             )
             self._publishers[session_id] = publisher
             logger.info(

@@ -8,6 +8,7 @@ import grpc
 
 from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
 from continuum_runtime import migrations
+from continuum_runtime.clock import Clock, SystemClock
 from continuum_runtime.database import Database
 from continuum_runtime.paging import token_secret
 from continuum_runtime.server import GrpcService, start_server
@@ -38,12 +39,16 @@ async def migrate(settings: TranscriptSettings) -> None:
         await database.dispose()
 
 
-async def start(settings: TranscriptSettings) -> GrpcService:
-    """Start the transcript service; migrate first when `migrate_on_start` is set."""
+async def start(settings: TranscriptSettings, clock: Clock | None = None) -> GrpcService:
+    """Start the transcript service; migrate first when `migrate_on_start` is set.
+
+    `clock` replaces the system clock (tests move time by hand to expire leases).
+    """
+    clock = clock or SystemClock()
     database = open_database(settings)
     if settings.migrate_on_start:
         await migrations.upgrade(database, MIGRATIONS_DIR)
-    registry = PublisherRegistry(database, settings)
+    registry = PublisherRegistry(database, settings, clock)
     registry.start()
     servicer = TranscriptServicer(
         settings,
@@ -52,6 +57,7 @@ async def start(settings: TranscriptSettings) -> GrpcService:
         EventBell(),
         registry,
         token_secret(settings.page_token_secret.get_secret_value(), "transcript"),
+        clock,
     )
 
     async def drain_publishers() -> None:

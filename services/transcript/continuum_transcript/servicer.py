@@ -16,6 +16,7 @@ from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
 from continuum_runtime.auth import ACTING_USER_KEY, acting_user
+from continuum_runtime.clock import Clock
 from continuum_runtime.database import Database
 from continuum_runtime.paging import Cursor, PageTokens, page_size
 from continuum_transcript import (
@@ -31,7 +32,6 @@ from continuum_transcript import (
     turns,
     validation,
 )
-from continuum_transcript.clock import now_ms
 from continuum_transcript.errors import AttachmentTooLarge, BadRequest, PageTokenInvalid
 from continuum_transcript.live import LiveTranscript, attachment_media_types
 from continuum_transcript.registry import PublisherRegistry
@@ -93,6 +93,7 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
         bell: events.EventBell,
         registry: PublisherRegistry,
         page_token_secret: bytes,
+        clock: Clock,
     ) -> None:
         self._sessions_pages = PageTokens(page_token_secret, SessionsCursor, PageTokenInvalid)
         self._messages_pages = PageTokens(page_token_secret, MessagesCursor, PageTokenInvalid)
@@ -102,6 +103,7 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
         self._store = store
         self._bell = bell
         self._registry = registry
+        self._clock = clock
 
     # Sessions
 
@@ -120,7 +122,7 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
             metadata=validation.metadata(request.metadata),
         )
         async with self._db.transaction() as connection:
-            row, created = await sessions.create(connection, owner, new)
+            row, created = await sessions.create(connection, owner, new, self._clock.now_ms())
         return api.CreateSessionResponse(session=convert.session(row), created=created)
 
     async def GetSession(self, request: api.GetSessionRequest, context: Context) -> api.GetSessionResponse:
@@ -171,14 +173,14 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
             else:
                 raise BadRequest("update_mask", f"{path!r} is not one of {', '.join(sessions.UPDATABLE_FIELDS)}")
         async with self._db.transaction() as connection:
-            row = await sessions.update_fields(connection, owner, session_id, changes)
+            row = await sessions.update_fields(connection, owner, session_id, changes, self._clock.now_ms())
         return api.UpdateSessionResponse(session=convert.session(row))
 
     async def DeleteSession(self, request: api.DeleteSessionRequest, context: Context) -> api.DeleteSessionResponse:
         owner = acting_user(context)
         session_id = validation.session_id(request.session_id)
         async with self._db.transaction() as connection:
-            deleted, event_id = await sessions.delete_tree(connection, owner, session_id)
+            deleted, event_id = await sessions.delete_tree(connection, owner, session_id, self._clock.now_ms())
         self._bell.ring()
         self._registry.end_sessions(deleted)
         return api.DeleteSessionResponse(deleted_session_ids=deleted, event_id=event_id)
@@ -192,7 +194,7 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
         publisher = await self._registry.get(owner, session_id)
         known = await attachment_media_types(self._db, session_id, batch)
         # The response's create_time is every stored message's create_time.
-        created = now_ms()
+        created = self._clock.now_ms()
         seq, ids = await publisher.publish(batch, media_types=known, create_ms=created)
         await publisher.wait_durable(seq)
         return api.AppendMessagesResponse(message_ids=ids, create_time=convert.timestamp(created))
@@ -287,7 +289,7 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
 
         async def change(connection: AsyncConnection) -> tuple[Any, int, int, int, dict[str, str]]:
             edited = await messages.edit_user_message(
-                connection, owner, session_id, message_id, content, body_bytes, expected or None
+                connection, owner, session_id, message_id, content, body_bytes, expected or None, self._clock.now_ms()
             )
             # The new content may refer only to this session's attachments, as an append's may.
             known = await messages.attachment_media_types(connection, session_id, validation.attachment_ids(content))
@@ -315,7 +317,9 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
         expected = validation.positive(request.expected_history_generation, "expected_history_generation")
         # No publisher: the fence changes no history and no Follow stream generation, only the session row.
         async with self._db.transaction() as connection:
-            row = await fence.set_fence(connection, owner, session_id, message_id, expected, expected_fence)
+            row = await fence.set_fence(
+                connection, owner, session_id, message_id, expected, expected_fence, self._clock.now_ms()
+            )
         return api.SetCompactionFenceResponse(
             session_id=session_id,
             message_id=row["compaction_fence_message_id"],
@@ -349,7 +353,9 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
 
         stored = await self._store.receive(chunks(), limit, expected_size=declared or None)
         async with self._db.transaction() as connection:
-            row = await attachments.record(connection, owner, session_id, header.media_type, header.file_name, stored)
+            row = await attachments.record(
+                connection, owner, session_id, header.media_type, header.file_name, stored, self._clock.now_ms()
+            )
         return api.UploadAttachmentResponse(attachment=convert.attachment(row))
 
     async def GetAttachment(self, request: api.GetAttachmentRequest, context: Context) -> api.GetAttachmentResponse:
@@ -387,7 +393,7 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
         holder = validation.holder(request.holder)
         ttl = validation.ttl_ms(request.ttl)
         async with self._db.transaction() as connection:
-            held = await claims.acquire(connection, owner, session_ids, kind, holder, ttl)
+            held = await claims.acquire(connection, owner, session_ids, kind, holder, ttl, self._clock.now_ms())
         return api.AcquireClaimsResponse(claim=convert.claim(held))
 
     async def RenewClaims(self, request: api.RenewClaimsRequest, context: Context) -> api.RenewClaimsResponse:
@@ -395,7 +401,7 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
         claim_id = validation.session_id(request.claim_id, "claim_id")
         ttl = validation.ttl_ms(request.ttl)
         async with self._db.transaction() as connection:
-            held = await claims.renew(connection, owner, claim_id, ttl)
+            held = await claims.renew(connection, owner, claim_id, ttl, self._clock.now_ms())
         return api.RenewClaimsResponse(claim=convert.claim(held))
 
     async def ReleaseClaims(self, request: api.ReleaseClaimsRequest, context: Context) -> api.ReleaseClaimsResponse:
@@ -404,6 +410,16 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
         async with self._db.transaction() as connection:
             released = await claims.release(connection, owner, claim_id)
         return api.ReleaseClaimsResponse(released=released)
+
+    async def ReleaseHolderClaims(
+        self, request: api.ReleaseHolderClaimsRequest, context: Context
+    ) -> api.ReleaseHolderClaimsResponse:
+        owner = _optional_user(context)
+        holder = validation.holder(request.holder)
+        kind = validation.claim_kind(request.kind)
+        async with self._db.transaction() as connection:
+            released = await claims.release_holder(connection, owner, holder, kind)
+        return api.ReleaseHolderClaimsResponse(claim_ids=released)
 
     # Events
 

@@ -13,7 +13,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from continuum_runtime.database import insert_ignoring_conflicts
 from continuum_transcript import events
-from continuum_transcript.clock import now_ms
 from continuum_transcript.errors import SessionAlreadyExists, SessionNotFound, SessionPermissionDenied
 from continuum_transcript.tables import sessions
 
@@ -51,15 +50,14 @@ async def load(
     return row
 
 
-async def create(connection: AsyncConnection, owner: str, new: NewSession) -> tuple[RowMapping, bool]:
-    """Insert the session, or return the identical one created earlier with the same id."""
+async def create(connection: AsyncConnection, owner: str, new: NewSession, now_ms: int) -> tuple[RowMapping, bool]:
+    """Insert the session (created at `now_ms`), or return the identical one created earlier with the same id."""
     root_id: str | None = None
     if new.parent_session_id is not None:
         parent = await load(connection, owner, new.parent_session_id)
         root_id = parent["root_session_id"]
     session_id = new.session_id or uuid.uuid4().hex
     fingerprint = new.fingerprint(owner)
-    now = now_ms()
     values = {
         "session_id": session_id,
         "owner": owner,
@@ -75,8 +73,8 @@ async def create(connection: AsyncConnection, owner: str, new: NewSession) -> tu
         "history_generation": 1,
         "compaction_fence_message_id": 0,
         "deleted": False,
-        "create_ms": now,
-        "update_ms": now,
+        "create_ms": now_ms,
+        "update_ms": now_ms,
     }
     # Racing creates with the same id: exactly one insert wins, the others compare fingerprints.
     statement = insert_ignoring_conflicts(connection, sessions).values(values).on_conflict_do_nothing()
@@ -107,7 +105,7 @@ async def list_page(
 
 
 async def update_fields(
-    connection: AsyncConnection, owner: str, session_id: str, changes: dict[str, Any]
+    connection: AsyncConnection, owner: str, session_id: str, changes: dict[str, Any], now_ms: int
 ) -> RowMapping:
     """Apply `changes` (a subset of UPDATABLE_FIELDS) to a live session."""
     current = await load(connection, owner, session_id)
@@ -116,13 +114,13 @@ async def update_fields(
     result = await connection.execute(
         update(sessions)
         .where(sessions.c.session_id == session_id)
-        .values(**changes, update_ms=now_ms())
+        .values(**changes, update_ms=now_ms)
         .returning(*sessions.c)
     )
     return result.mappings().one()
 
 
-async def delete_tree(connection: AsyncConnection, owner: str, session_id: str) -> tuple[list[str], int]:
+async def delete_tree(connection: AsyncConnection, owner: str, session_id: str, now_ms: int) -> tuple[list[str], int]:
     """Logically delete the session and every live descendant; write one DELETED event."""
     row = await load(connection, owner, session_id, include_deleted=True)
     if row["deleted"]:
@@ -135,23 +133,23 @@ async def delete_tree(connection: AsyncConnection, owner: str, session_id: str) 
         .order_by(sessions.c.session_id)
     )
     deleted_ids = list(found.scalars())
-    now = now_ms()
     await connection.execute(
         update(sessions)
         .where(sessions.c.session_id.in_(deleted_ids), sessions.c.deleted.is_(False))
-        .values(deleted=True, delete_ms=now, update_ms=now)
+        .values(deleted=True, delete_ms=now_ms, update_ms=now_ms)
     )
     event_id = await events.record(
         connection,
         event_type=events.DELETED,
         session=row,
         payload={"deleted_session_ids": deleted_ids},
+        now_ms=now_ms,
     )
     return deleted_ids, event_id
 
 
 async def bump_generation(
-    connection: AsyncConnection, session_id: str, expected: int | None, edited_message_id: int
+    connection: AsyncConnection, session_id: str, expected: int | None, edited_message_id: int, now_ms: int
 ) -> int | None:
     """Advance the history generation for an edit of `edited_message_id`; None when refused.
 
@@ -168,7 +166,7 @@ async def bump_generation(
     result = await connection.execute(
         update(sessions)
         .where(condition)
-        .values(history_generation=sessions.c.history_generation + literal(1), update_ms=now_ms())
+        .values(history_generation=sessions.c.history_generation + literal(1), update_ms=now_ms)
         .returning(sessions.c.history_generation)
     )
     generation = result.scalar_one_or_none()

@@ -39,9 +39,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
+from continuum_runtime.clock import Clock
 from continuum_runtime.database import Database, insert_ignoring_conflicts
 from continuum_transcript.bodies import STORED_PREVIEW_BYTES, preview
-from continuum_transcript.clock import now_ms
 from continuum_transcript.tables import messages, session_runtime, turn_index_state, turns
 
 # Bump whenever what a turn row holds or how it is derived changes: every index built by an
@@ -143,8 +143,8 @@ class _Turn:
         }
 
 
-async def refresh(connection: AsyncConnection, session_id: str, durable_seq: int) -> int:
-    """Bring the session's index up to `durable_seq` and return the sequence it covers.
+async def refresh(connection: AsyncConnection, session_id: str, durable_seq: int, now_ms: int) -> int:
+    """Bring the session's index up to `durable_seq` (at `now_ms`) and return the sequence it covers.
 
     Writes the index, so call it inside a transaction that commits. An index of another
     version (or none) is rebuilt from every live message; otherwise only the messages committed
@@ -157,7 +157,7 @@ async def refresh(connection: AsyncConnection, session_id: str, durable_seq: int
     # state row, and a missing row is created first so that there is something to lock.
     await connection.execute(
         insert_ignoring_conflicts(connection, turn_index_state)
-        .values(session_id=session_id, version=_UNBUILT, coverage_seq=0, update_ms=now_ms())
+        .values(session_id=session_id, version=_UNBUILT, coverage_seq=0, update_ms=now_ms)
         .on_conflict_do_nothing()
     )
     state = await _state(connection, session_id, lock=True)
@@ -171,7 +171,7 @@ async def refresh(connection: AsyncConnection, session_id: str, durable_seq: int
     await connection.execute(
         update(turn_index_state)
         .where(turn_index_state.c.session_id == session_id)
-        .values(version=INDEX_VERSION, coverage_seq=durable_seq, update_ms=now_ms())
+        .values(version=INDEX_VERSION, coverage_seq=durable_seq, update_ms=now_ms)
     )
     return durable_seq
 
@@ -195,6 +195,7 @@ async def outline(
     seq_pin: int | None,
     current_stream_generation: int,
     durable_seq: int,
+    now_ms: int,
 ) -> api.GetHistoryOutlineResponse:
     """One page of the session's outline, from turn `start_turn`, at most `limit` turns.
 
@@ -206,7 +207,7 @@ async def outline(
     """
     if stream_generation_pin and stream_generation_pin != current_stream_generation:
         return api.GetHistoryOutlineResponse(status=api.PIN_STATUS_STALE, stream_generation=current_stream_generation)
-    coverage = await refresh(connection, session_id, durable_seq)
+    coverage = await refresh(connection, session_id, durable_seq, now_ms)
     snapshot = seq_pin if seq_pin else coverage
     visible = (turns.c.session_id == session_id) & (turns.c.commit_seq <= snapshot)
     total = await connection.scalar(select(func.count()).select_from(turns).where(visible))
@@ -229,14 +230,14 @@ async def outline(
     )
 
 
-async def rebuild(database: Database, session_id: str | None = None) -> int:
+async def rebuild(database: Database, clock: Clock, session_id: str | None = None) -> int:
     """Rebuild the index of one session, or of every session that has messages, from scratch.
 
     Each session is rebuilt in its own transaction, so a large installation never holds one
     long transaction. Returns how many sessions were rebuilt.
     """
     if session_id is not None:
-        return int(await _rebuild_one(database, session_id))
+        return int(await _rebuild_one(database, clock, session_id))
     rebuilt = 0
     after = ""
     while True:
@@ -253,13 +254,13 @@ async def rebuild(database: Database, session_id: str | None = None) -> int:
                 ).scalars()
             )
         for found in page:
-            rebuilt += int(await _rebuild_one(database, found))
+            rebuilt += int(await _rebuild_one(database, clock, found))
         if len(page) < SESSION_PAGE:
             return rebuilt
         after = page[-1]
 
 
-async def _rebuild_one(database: Database, session_id: str) -> bool:
+async def _rebuild_one(database: Database, clock: Clock, session_id: str) -> bool:
     async with database.transaction() as connection:
         await invalidate(connection, session_id)
         runtime_seq = await connection.scalar(
@@ -275,7 +276,7 @@ async def _rebuild_one(database: Database, session_id: str) -> bool:
         if not stored[0]:
             return False
         # Sessions older than the live publisher have no runtime row: their messages decide.
-        await refresh(connection, session_id, max(int(runtime_seq or 0), int(stored[1])))
+        await refresh(connection, session_id, max(int(runtime_seq or 0), int(stored[1])), clock.now_ms())
     return True
 
 

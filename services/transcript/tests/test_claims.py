@@ -1,34 +1,65 @@
-"""The execution gate: all-or-nothing claims over session trees, leases, and real concurrency."""
+"""The execution gate: all-or-nothing claims over session trees, leases (on a clock the tests move),
+refusals that say who holds a session until when, and real concurrency."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import pytest
+from clock_testing import ManualClock
 from google.protobuf.duration_pb2 import Duration
-from transcript_testing import TranscriptClient, refused
+from transcript_testing import TranscriptClient, refused, running_transcript
 
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum_runtime.errors import error_details
 
 
-async def _sessions(client: TranscriptClient, *ids: str, parent: str = "") -> None:
+@pytest.fixture
+def clock() -> ManualClock:
+    """Time that passes only when a test advances it."""
+    return ManualClock()
+
+
+@pytest.fixture
+async def clocked(tmp_path: Path, database_url: str, clock: ManualClock) -> AsyncIterator[TranscriptClient]:
+    """A transcript service whose leases run on `clock`."""
+    async with running_transcript(tmp_path, database_url, clock) as client:
+        yield client
+
+
+async def _sessions(client: TranscriptClient, *ids: str, parent: str = "", owner: str = "alice") -> None:
     for session_id in ids:
         await client.stub.CreateSession(
-            api.CreateSessionRequest(session_id=session_id, parent_session_id=parent), metadata=client.as_user("alice")
+            api.CreateSessionRequest(session_id=session_id, parent_session_id=parent), metadata=client.as_user(owner)
         )
 
 
 def _acquire(
-    client: TranscriptClient, ids: list[str], kind: int = pb.CLAIM_KIND_RUN, ttl: float = 30, holder: str = "h"
+    client: TranscriptClient,
+    ids: list[str],
+    kind: int = pb.CLAIM_KIND_RUN,
+    ttl: float = 30,
+    holder: str = "h",
+    owner: str = "alice",
 ) -> grpc.aio.UnaryUnaryCall[api.AcquireClaimsRequest, api.AcquireClaimsResponse]:
     duration = Duration()
     duration.FromMilliseconds(int(ttl * 1000))
     return client.stub.AcquireClaims(
         api.AcquireClaimsRequest(session_ids=ids, kind=kind, holder=holder, ttl=duration),  # type: ignore[arg-type]
-        metadata=client.as_user("alice"),
+        metadata=client.as_user(owner),
+    )
+
+
+def _release_holder(
+    client: TranscriptClient, holder: str, kind: int, metadata: tuple[tuple[str, str], ...]
+) -> grpc.aio.UnaryUnaryCall[api.ReleaseHolderClaimsRequest, api.ReleaseHolderClaimsResponse]:
+    return client.stub.ReleaseHolderClaims(
+        api.ReleaseHolderClaimsRequest(holder=holder, kind=kind),  # type: ignore[arg-type]
+        metadata=metadata,
     )
 
 
@@ -37,7 +68,13 @@ async def test_run_claim_refuses_a_second_run_until_released(transcript: Transcr
     claim = (await _acquire(transcript, ["s"], holder="run-1")).claim
     assert claim.root_session_ids == ["s"] and claim.kind == pb.CLAIM_KIND_RUN
     details = await refused(_acquire(transcript, ["s"]), grpc.StatusCode.FAILED_PRECONDITION, "SESSION_ALREADY_RUNNING")
-    assert details.metadata["holder_kind"] == "CLAIM_KIND_RUN"
+    # The refusal names the holder and when its lease ends (RFC 3339, as the claim's expire_time).
+    assert details.metadata == {
+        "root_session_id": "s",
+        "holder_kind": "CLAIM_KIND_RUN",
+        "holder": "run-1",
+        "expire_time": claim.expire_time.ToJsonString(),
+    }
     released = await transcript.stub.ReleaseClaims(
         api.ReleaseClaimsRequest(claim_id=claim.claim_id), metadata=transcript.as_user("alice")
     )
@@ -49,14 +86,20 @@ async def test_run_claim_refuses_a_second_run_until_released(transcript: Transcr
     assert (await _acquire(transcript, ["s"])).claim.claim_id != claim.claim_id
 
 
-async def test_busy_reasons_name_the_holder_kind(transcript: TranscriptClient) -> None:
-    await _sessions(transcript, "s")
-    await _acquire(transcript, ["s"], kind=pb.CLAIM_KIND_COMPACTION)
-    await refused(_acquire(transcript, ["s"]), grpc.StatusCode.FAILED_PRECONDITION, "SESSION_ALREADY_RUNNING")
+async def test_busy_reasons_name_the_holder_and_its_lease(clocked: TranscriptClient, clock: ManualClock) -> None:
+    await _sessions(clocked, "s")
+    await _acquire(clocked, ["s"], kind=pb.CLAIM_KIND_COMPACTION, ttl=15, holder="compaction:pod-1")
+    await refused(_acquire(clocked, ["s"]), grpc.StatusCode.FAILED_PRECONDITION, "SESSION_ALREADY_RUNNING")
     details = await refused(
-        _acquire(transcript, ["s"], kind=pb.CLAIM_KIND_MERGE), grpc.StatusCode.FAILED_PRECONDITION, "SESSION_BUSY"
+        _acquire(clocked, ["s"], kind=pb.CLAIM_KIND_MERGE), grpc.StatusCode.FAILED_PRECONDITION, "SESSION_BUSY"
     )
-    assert details.metadata["holder_kind"] == "CLAIM_KIND_COMPACTION"
+    assert details.metadata == {
+        "root_session_id": "s",
+        "holder_kind": "CLAIM_KIND_COMPACTION",
+        "holder": "compaction:pod-1",
+        # The manual clock starts at 2024-01-01T00:00:00Z; the lease is 15 s.
+        "expire_time": "2024-01-01T00:00:15Z",
+    }
 
 
 async def test_a_claim_covers_the_whole_tree(transcript: TranscriptClient) -> None:
@@ -80,10 +123,13 @@ async def test_all_or_nothing(transcript: TranscriptClient) -> None:
     assert list(both.root_session_ids) == ["a", "c"]
 
 
-async def test_expired_leases_are_free_and_cannot_be_renewed(transcript: TranscriptClient) -> None:
+async def test_expired_leases_are_free_and_cannot_be_renewed(clocked: TranscriptClient, clock: ManualClock) -> None:
+    transcript = clocked
     await _sessions(transcript, "s")
     stale = (await _acquire(transcript, ["s"], ttl=1)).claim
-    await asyncio.sleep(1.2)
+    clock.advance(0.999)
+    await refused(_acquire(transcript, ["s"]), grpc.StatusCode.FAILED_PRECONDITION, "SESSION_ALREADY_RUNNING")
+    clock.advance(0.001)
     await refused(
         transcript.stub.RenewClaims(
             api.RenewClaimsRequest(claim_id=stale.claim_id, ttl=Duration(seconds=30)),
@@ -147,11 +193,89 @@ async def test_concurrent_acquirers_never_both_hold(transcript: TranscriptClient
 
 
 @pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
-async def test_concurrent_takeover_of_an_expired_lease_has_one_winner(transcript: TranscriptClient) -> None:
-    await _sessions(transcript, "s")
-    await _acquire(transcript, ["s"], ttl=1)
-    await asyncio.sleep(1.2)
+async def test_concurrent_takeover_of_an_expired_lease_has_one_winner(
+    clocked: TranscriptClient, clock: ManualClock
+) -> None:
+    await _sessions(clocked, "s")
+    await _acquire(clocked, ["s"], ttl=1)
+    clock.advance(1)
     results = await asyncio.gather(
-        *[_acquire(transcript, ["s"], holder=f"h{i}") for i in range(20)], return_exceptions=True
+        *[_acquire(clocked, ["s"], holder=f"h{i}") for i in range(20)], return_exceptions=True
     )
     assert sum(isinstance(r, api.AcquireClaimsResponse) for r in results) == 1
+
+
+async def test_a_renewed_lease_outlives_its_first_expiry(clocked: TranscriptClient, clock: ManualClock) -> None:
+    await _sessions(clocked, "s")
+    claim = (await _acquire(clocked, ["s"], ttl=15, holder="compaction:pod-1")).claim
+    for _ in range(4):
+        # A heartbeat every 5 s keeps a 15 s lease alive for as long as the holder lives.
+        clock.advance(5)
+        renewed = await clocked.stub.RenewClaims(
+            api.RenewClaimsRequest(claim_id=claim.claim_id, ttl=Duration(seconds=15)), metadata=clocked.as_user("alice")
+        )
+        details = await refused(
+            _acquire(clocked, ["s"]), grpc.StatusCode.FAILED_PRECONDITION, "SESSION_ALREADY_RUNNING"
+        )
+        assert details.metadata["expire_time"] == renewed.claim.expire_time.ToJsonString()
+    # The holder stops renewing (it crashed): the session is free once the last lease ends.
+    clock.advance(14.999)
+    await refused(_acquire(clocked, ["s"]), grpc.StatusCode.FAILED_PRECONDITION, "SESSION_ALREADY_RUNNING")
+    clock.advance(0.001)
+    assert (await _acquire(clocked, ["s"], holder="run-2")).claim.holder == "run-2"
+
+
+async def test_a_holder_releases_its_claims_of_one_kind_for_every_owner(transcript: TranscriptClient) -> None:
+    await _sessions(transcript, "a", "b")
+    await _sessions(transcript, "c", "d", owner="bob")
+    mine = [
+        (await _acquire(transcript, ["a"], kind=pb.CLAIM_KIND_COMPACTION, holder="compaction:pod-1")).claim,
+        (
+            await _acquire(transcript, ["c"], kind=pb.CLAIM_KIND_COMPACTION, holder="compaction:pod-1", owner="bob")
+        ).claim,
+    ]
+    # Another replica's claim, and a claim of another kind under the same name, are not this holder's.
+    await _acquire(transcript, ["b"], kind=pb.CLAIM_KIND_COMPACTION, holder="compaction:pod-2")
+    await _acquire(transcript, ["d"], kind=pb.CLAIM_KIND_MERGE, holder="compaction:pod-1", owner="bob")
+
+    released = await _release_holder(transcript, "compaction:pod-1", pb.CLAIM_KIND_COMPACTION, transcript.system)
+
+    assert sorted(released.claim_ids) == sorted(claim.claim_id for claim in mine)
+    assert (await _acquire(transcript, ["a"])).claim.claim_id
+    assert (await _acquire(transcript, ["c"], owner="bob")).claim.claim_id
+    for session_id, owner in [("b", "alice"), ("d", "bob")]:
+        await refused(
+            _acquire(transcript, [session_id], owner=owner),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "SESSION_ALREADY_RUNNING",
+        )
+    again = await _release_holder(transcript, "compaction:pod-1", pb.CLAIM_KIND_COMPACTION, transcript.system)
+    assert list(again.claim_ids) == []
+
+
+async def test_a_user_releases_only_their_own_claims_of_a_holder(transcript: TranscriptClient) -> None:
+    await _sessions(transcript, "a")
+    await _sessions(transcript, "c", owner="bob")
+    own = (await _acquire(transcript, ["a"], holder="agent-1")).claim
+    await _acquire(transcript, ["c"], holder="agent-1", owner="bob")
+
+    released = await _release_holder(transcript, "agent-1", pb.CLAIM_KIND_RUN, transcript.as_user("alice"))
+
+    assert list(released.claim_ids) == [own.claim_id]
+    await refused(
+        _acquire(transcript, ["c"], owner="bob"), grpc.StatusCode.FAILED_PRECONDITION, "SESSION_ALREADY_RUNNING"
+    )
+
+
+async def test_release_by_holder_input_is_validated(transcript: TranscriptClient) -> None:
+    for holder, kind, field in [
+        ("", pb.CLAIM_KIND_COMPACTION, "holder"),
+        ("x" * 257, pb.CLAIM_KIND_COMPACTION, "holder"),
+        ("compaction:pod-1", pb.CLAIM_KIND_UNSPECIFIED, "kind"),
+    ]:
+        details = await refused(
+            _release_holder(transcript, holder, kind, transcript.system),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_ARGUMENT",
+        )
+        assert [violation.field for violation in details.violations] == [field]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from clock_testing import ManualClock
 from google.protobuf import json_format
 from sqlalchemy import insert, select, text, update
 from sqlalchemy.exc import DBAPIError
@@ -125,7 +126,7 @@ class Session:
     async def refresh(self) -> int:
         """Bring the index up to the durable sequence."""
         async with self.database.transaction() as connection:
-            return await turns.refresh(connection, self.session_id, self.seq)
+            return await turns.refresh(connection, self.session_id, self.seq, self.clock)
 
     async def outline(
         self, start_turn: int = 1, limit: int = 128, stream_generation: int = 0, seq: int = 0
@@ -141,6 +142,7 @@ class Session:
                 seq_pin=seq,
                 current_stream_generation=self.stream_generation,
                 durable_seq=self.seq,
+                now_ms=self.clock,
             )
 
     async def rows(self) -> list[dict[str, Any]]:
@@ -155,7 +157,7 @@ class Session:
         """What a from-scratch rebuild stores (the index is left rebuilt)."""
         async with self.database.transaction() as connection:
             await turns.invalidate(connection, self.session_id)
-            await turns.refresh(connection, self.session_id, self.seq)
+            await turns.refresh(connection, self.session_id, self.seq, self.clock)
         return await self.rows()
 
 
@@ -436,10 +438,10 @@ async def test_rebuild_covers_every_session_with_messages(database: Database, mo
     await one.refresh()
     async with database.transaction() as connection:
         await connection.execute(update(turn_rows).values(prompt_preview="corrupt"))
-    assert await turns.rebuild(database) == 2
+    assert await turns.rebuild(database, ManualClock()) == 2
     assert [row["prompt_preview"] for row in await one.rows()] == ["a"]
-    assert await turns.rebuild(database, "two") == 1
-    assert await turns.rebuild(database, "nobody") == 0
+    assert await turns.rebuild(database, ManualClock(), "two") == 1
+    assert await turns.rebuild(database, ManualClock(), "nobody") == 0
     async with database.connection() as connection:
         states = (
             await connection.execute(select(turn_index_state.c.session_id, turn_index_state.c.coverage_seq))

@@ -20,6 +20,7 @@ from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
 from continuum_runtime.auth import call_metadata
 from continuum_runtime.channels import open_channel
+from continuum_runtime.clock import Clock
 from continuum_runtime.errors import ErrorDetails, error_details
 from continuum_runtime.server import GrpcService
 from continuum_transcript.server import start
@@ -165,10 +166,13 @@ def kinds(frames: list[Any]) -> list[str]:
 
 
 @asynccontextmanager
-async def running_transcript(tmp_path: Path, database_url: str, **overrides: object) -> AsyncIterator[TranscriptClient]:
-    """A started transcript service (with `overrides` on its settings) and a connected client."""
+async def running_transcript(
+    tmp_path: Path, database_url: str, clock: Clock | None = None, **overrides: object
+) -> AsyncIterator[TranscriptClient]:
+    """A started transcript service (with `overrides` on its settings, on `clock` when given) and a
+    connected client."""
     settings = transcript_settings(tmp_path, database_url, **overrides)
-    service = await start(settings)
+    service = await start(settings, clock)
     channel = open_channel(f"127.0.0.1:{service.port}")
     try:
         yield TranscriptClient(api_grpc.TranscriptServiceStub(channel), channel, service, settings)

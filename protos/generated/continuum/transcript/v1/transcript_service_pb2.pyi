@@ -1156,6 +1156,57 @@ class ReleaseClaimsResponse(_message.Message):
 Global___ReleaseClaimsResponse: _TypeAlias = ReleaseClaimsResponse  # noqa: Y015
 
 @_typing.final
+class ReleaseHolderClaimsRequest(_message.Message):
+    """Request of ReleaseHolderClaims. Called for no acting user, it releases the holder's claims of
+    every owner (a backend's); for an acting user, only that user's.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOLDER_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    holder: _builtins.str
+    """Exactly the holder named at acquisition."""
+    kind: _resources_pb2.ClaimKind.ValueType
+    def __init__(
+        self,
+        *,
+        holder: _builtins.str = ...,
+        kind: _resources_pb2.ClaimKind.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["holder", b"holder", "kind", b"kind"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseHolderClaimsRequest: _TypeAlias = ReleaseHolderClaimsRequest  # noqa: Y015
+
+@_typing.final
+class ReleaseHolderClaimsResponse(_message.Message):
+    """Response of ReleaseHolderClaims."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLAIM_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def claim_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The claims released; empty when the holder held none."""
+
+    def __init__(
+        self,
+        *,
+        claim_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim_ids", b"claim_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseHolderClaimsResponse: _TypeAlias = ReleaseHolderClaimsResponse  # noqa: Y015
+
+@_typing.final
 class ListSessionEventsRequest(_message.Message):
     """Request of ListSessionEvents."""
 

@@ -127,6 +127,11 @@ class TranscriptServiceStub:
                 request_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseClaimsRequest.SerializeToString,
                 response_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseClaimsResponse.FromString,
                 _registered_method=True)
+        self.ReleaseHolderClaims = channel.unary_unary(
+                '/continuum.transcript.v1.TranscriptService/ReleaseHolderClaims',
+                request_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseHolderClaimsRequest.SerializeToString,
+                response_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseHolderClaimsResponse.FromString,
+                _registered_method=True)
         self.ListSessionEvents = channel.unary_unary(
                 '/continuum.transcript.v1.TranscriptService/ListSessionEvents',
                 request_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.ListSessionEventsRequest.SerializeToString,
@@ -310,6 +315,13 @@ class TranscriptServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReleaseHolderClaims(self, request, context):
+        """Releases every claim of one kind a holder took, e.g. a restarted service's predecessor's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListSessionEvents(self, request, context):
         """Pages through the session events outbox.
         """
@@ -465,6 +477,11 @@ def add_TranscriptServiceServicer_to_server(servicer, server):
                     servicer.ReleaseClaims,
                     request_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseClaimsRequest.FromString,
                     response_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseClaimsResponse.SerializeToString,
+            ),
+            'ReleaseHolderClaims': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseHolderClaims,
+                    request_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseHolderClaimsRequest.FromString,
+                    response_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseHolderClaimsResponse.SerializeToString,
             ),
             'ListSessionEvents': grpc.unary_unary_rpc_method_handler(
                     servicer.ListSessionEvents,
@@ -1001,6 +1018,33 @@ class TranscriptService:
             '/continuum.transcript.v1.TranscriptService/ReleaseClaims',
             continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseClaimsRequest.SerializeToString,
             continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseClaimsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseHolderClaims(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/continuum.transcript.v1.TranscriptService/ReleaseHolderClaims',
+            continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseHolderClaimsRequest.SerializeToString,
+            continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseHolderClaimsResponse.FromString,
             options,
             channel_credentials,
             insecure,

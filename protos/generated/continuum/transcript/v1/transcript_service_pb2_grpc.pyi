@@ -79,6 +79,8 @@ class TranscriptServiceStub:
     """Extends a live claim's lease."""
     ReleaseClaims: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.ReleaseClaimsRequest, _transcript_service_pb2.ReleaseClaimsResponse]
     """Releases a claim. Releasing an unknown or expired claim succeeds."""
+    ReleaseHolderClaims: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.ReleaseHolderClaimsRequest, _transcript_service_pb2.ReleaseHolderClaimsResponse]
+    """Releases every claim of one kind a holder took, e.g. a restarted service's predecessor's."""
     ListSessionEvents: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.ListSessionEventsRequest, _transcript_service_pb2.ListSessionEventsResponse]
     """Pages through the session events outbox."""
     WatchSessionEvents: _grpc.UnaryStreamMultiCallable[_transcript_service_pb2.WatchSessionEventsRequest, _transcript_service_pb2.WatchSessionEventsResponse]
@@ -149,6 +151,8 @@ class TranscriptServiceAsyncStub(TranscriptServiceStub):
     """Extends a live claim's lease."""
     ReleaseClaims: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.ReleaseClaimsRequest, _transcript_service_pb2.ReleaseClaimsResponse]  # type: ignore[assignment]
     """Releases a claim. Releasing an unknown or expired claim succeeds."""
+    ReleaseHolderClaims: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.ReleaseHolderClaimsRequest, _transcript_service_pb2.ReleaseHolderClaimsResponse]  # type: ignore[assignment]
+    """Releases every claim of one kind a holder took, e.g. a restarted service's predecessor's."""
     ListSessionEvents: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.ListSessionEventsRequest, _transcript_service_pb2.ListSessionEventsResponse]  # type: ignore[assignment]
     """Pages through the session events outbox."""
     WatchSessionEvents: _aio.UnaryStreamMultiCallable[_transcript_service_pb2.WatchSessionEventsRequest, _transcript_service_pb2.WatchSessionEventsResponse]  # type: ignore[assignment]
@@ -324,6 +328,14 @@ class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_transcript_service_pb2.ReleaseClaimsResponse, _abc.Awaitable[_transcript_service_pb2.ReleaseClaimsResponse]]:
         """Releases a claim. Releasing an unknown or expired claim succeeds."""
+
+    @_abc_1.abstractmethod
+    def ReleaseHolderClaims(
+        self,
+        request: _transcript_service_pb2.ReleaseHolderClaimsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.ReleaseHolderClaimsResponse, _abc.Awaitable[_transcript_service_pb2.ReleaseHolderClaimsResponse]]:
+        """Releases every claim of one kind a holder took, e.g. a restarted service's predecessor's."""
 
     @_abc_1.abstractmethod
     def ListSessionEvents(
