@@ -48,9 +48,12 @@ async def serve_module(module: str, name: str, data_dir: Path, env: Mapping[str,
     """
     port_file = data_dir / "run" / f"{name}.port"
     port_file.unlink(missing_ok=True)
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", module, "serve", env={**os.environ, **env}, stderr=asyncio.subprocess.DEVNULL
-    )
+    # The service's JSON log lines, kept beside its data for diagnosing a failed test.
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with open(data_dir / f"{name}.log", "ab") as log:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", module, "serve", env={**os.environ, **env}, stderr=log
+        )
     for _ in range(400):
         if port_file.exists():
             return process, int(port_file.read_text())
