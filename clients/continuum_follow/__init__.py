@@ -4,7 +4,7 @@
 RPC, and `Renderer` turns its updates into terminal text for `continuum follow`.
 """
 
-from continuum_follow.client import Backoff, FollowClient, FollowError, Update, UpgradeRequiredError
+from continuum_follow.client import Backoff, FollowClient, FollowError, Update, UpgradeRequiredError, load_message
 from continuum_follow.render import Renderer
 from continuum_follow.store import PROTOCOL, Cursor, Outcome, Prefix, RecordStore, Snapshot, Status, ToolRecord
 
@@ -23,4 +23,5 @@ __all__ = [
     "ToolRecord",
     "Update",
     "UpgradeRequiredError",
+    "load_message",
 ]

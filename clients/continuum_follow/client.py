@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 
 from continuum.transcript.v1 import follow_pb2 as fpb
+from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
 from continuum_follow.store import PROTOCOL, Outcome, RecordStore, Status
@@ -26,18 +27,19 @@ from continuum_runtime.errors import ErrorDetails, error_details
 
 DISCONNECT = "disconnect"
 UPGRADE_REQUIRED = "UPGRADE_REQUIRED"
-# Failures that a later attempt may not meet: the server restarting, moving or overloaded.
+# Failures that a later attempt may not meet: the server restarting, moving or briefly overloaded.
 RETRYABLE = frozenset(
     {
         grpc.StatusCode.UNAVAILABLE,
         grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.INTERNAL,
-        grpc.StatusCode.UNKNOWN,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
         grpc.StatusCode.ABORTED,
         grpc.StatusCode.CANCELLED,
     }
 )
+# Failures that are retried only a few times in a row: a server fault may be passing, or may not.
+RETRYABLE_FEW_TIMES = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
+# How many of those in a row end following with a FollowError.
+MAX_SERVER_FAULTS = 5
 
 
 class FollowError(Exception):
@@ -110,6 +112,7 @@ class FollowClient:
         self._stopped = False
         self._dropping = False
         self._running = False
+        self._server_faults = 0
         # Counters, for diagnostics and tests.
         self.followed_times = 0
         self.frames_applied = 0
@@ -123,6 +126,10 @@ class FollowClient:
         self._wake.set()
         if self._call is not None:
             self._call.cancel()
+
+    async def load_message(self, message_id: int) -> pb.Message:
+        """The whole body of a message of this session, e.g. one the store holds as a stub."""
+        return await load_message(self._stub, self.session_id, message_id, self._metadata)
 
     def disconnect(self) -> None:
         """Drop the current stream as a network failure would; the client resumes with its cursor."""
@@ -192,6 +199,7 @@ class FollowClient:
                 outcome = self.store.apply(frame)
                 if outcome.status is Status.APPLIED:
                     self.frames_applied += 1
+                    self._server_faults = 0
                 if frame.WhichOneof("frame") == "handshake" and outcome.status is Status.APPLIED:
                     self.modes[fpb.FollowMode.Name(frame.handshake.mode).removeprefix("FOLLOW_MODE_").lower()] += 1
                 yield Update(frame, outcome, self.store)
@@ -200,6 +208,15 @@ class FollowClient:
         except grpc.aio.AioRpcError as error:
             if not self._cancelled_by_us():
                 _raise_if_permanent(error, self._capabilities)
+                if error.code() in RETRYABLE_FEW_TIMES:
+                    self._server_faults += 1
+                    if self._server_faults >= MAX_SERVER_FAULTS:
+                        details = error_details(error)
+                        raise FollowError(
+                            f"Follow failed {self._server_faults} times in a row on the server's side "
+                            f"({details.code.name}); giving up",
+                            details,
+                        ) from error
         except asyncio.CancelledError:
             # grpc reports a call we cancelled (stop, disconnect) as CancelledError; only a
             # cancellation of our own task must propagate.
@@ -220,6 +237,30 @@ class FollowClient:
             await asyncio.wait_for(self._wake.wait(), seconds)
 
 
+async def load_message(
+    stub: api_grpc.TranscriptServiceStub, session_id: str, message_id: int, metadata: Sequence[tuple[str, str]] = ()
+) -> pb.Message:
+    """The whole message a stub (`body_deferred`) stands for, assembled from StreamMessage's pieces."""
+    header: pb.Message | None = None
+    texts: dict[tuple[str, int], list[str]] = {}
+    request = api.StreamMessageRequest(session_id=session_id, message_id=message_id)
+    async for frame in stub.StreamMessage(request, metadata=metadata):
+        if frame.WhichOneof("frame") == "header":
+            header = frame.header
+            continue
+        target = frame.chunk.WhichOneof("target")
+        if target is not None:
+            texts.setdefault((target, getattr(frame.chunk, target)), []).append(frame.chunk.text)
+    if header is None:
+        raise FollowError(f"message {message_id} came without its header")
+    for (target, index), parts in texts.items():
+        if target == "content_index":
+            header.content[index].text = "".join(parts)
+        else:
+            header.tool_calls[index].arguments = "".join(parts)
+    return header
+
+
 def _raise_if_permanent(error: grpc.aio.AioRpcError, capabilities: Sequence[str]) -> None:
     details = error_details(error)
     if details.code == grpc.StatusCode.FAILED_PRECONDITION and details.reason == UPGRADE_REQUIRED:
@@ -233,6 +274,15 @@ def _raise_if_permanent(error: grpc.aio.AioRpcError, capabilities: Sequence[str]
         raise UpgradeRequiredError(
             f"the transcript server does not offer Follow ({PROTOCOL}): upgrade the server", details
         ) from error
-    if details.code not in RETRYABLE:
+    if details.code == grpc.StatusCode.RESOURCE_EXHAUSTED and not details.reason:
+        # gRPC's own RESOURCE_EXHAUSTED: a frame larger than this client accepts. Retrying returns it again.
+        raise FollowError(
+            "a Follow frame was larger than this client's message limit; raise the channel's "
+            f"max_receive_message_length or upgrade the server ({details.message})",
+            details,
+        ) from error
+    if details.code not in RETRYABLE | RETRYABLE_FEW_TIMES and not (
+        details.code == grpc.StatusCode.RESOURCE_EXHAUSTED and details.reason
+    ):
         reason = f" {details.reason}" if details.reason else ""
         raise FollowError(f"Follow refused: {details.code.name}{reason}: {details.message}", details) from error

@@ -16,6 +16,8 @@ from continuum_follow.client import DISCONNECT, Update
 from continuum_follow.store import Prefix, RecordStore, Status
 
 ARGUMENTS_LIMIT = 120
+# Messages the renderer remembers having shown (to notice a rewrite of what is on screen).
+SHOWN_LIMIT = 1024
 RESULT_LIMIT = 160
 DIM, RESET = "\x1b[2m", "\x1b[0m"
 ROLE_NAMES = {
@@ -40,7 +42,10 @@ def abbreviate(text: str, limit: int) -> str:
 
 
 def message_text(message: pb.Message) -> str:
-    """The message's text parts, with attachments as placeholders."""
+    """The message's text parts, with attachments as placeholders; for a stub, its preview and size."""
+    if message.body_deferred:
+        preview = f"{message.preview} " if message.preview else ""
+        return f"{preview}[{_size(message.body_bytes)} body not shown: message {message.message_id}]"
     parts = []
     for part in message.content:
         if part.WhichOneof("part") == "text":
@@ -48,6 +53,14 @@ def message_text(message: pb.Message) -> str:
         elif part.WhichOneof("part") == "attachment":
             parts.append(f"[attachment {part.attachment.media_type or part.attachment.attachment_id}]")
     return "".join(parts)
+
+
+def _size(count: int) -> str:
+    if count < 1024:
+        return f"{count} bytes"
+    if count < 1024 * 1024:
+        return f"{count / 1024:.1f} KiB"
+    return f"{count / (1024 * 1024):.1f} MiB"
 
 
 def message_key(message: pb.Message) -> str:
@@ -136,6 +149,9 @@ class Renderer:
         streamed = self._streamed.pop(key, None) if message.role == pb.MESSAGE_ROLE_ASSISTANT else None
         text = message_text(message)
         self._shown[message.message_id] = _signature(message)
+        if len(self._shown) > SHOWN_LIMIT:
+            # Only recent messages can be repeated by a baseline; older ones need not be remembered.
+            del self._shown[min(self._shown)]
         if streamed is not None and text.startswith(streamed.text):
             # The message completes the line being streamed: add only what was not streamed.
             self._continue_line(out, key, streamed.attempt)

@@ -20,6 +20,8 @@ from continuum_runtime.capabilities import TRANSCRIPT_V2
 
 PROTOCOL = TRANSCRIPT_V2
 DEFAULT_EVENT_LIMIT = 200
+# Committed messages a store keeps (the newest): three pages of 32, as the seed's client keeps.
+DEFAULT_MESSAGE_LIMIT = 96
 
 # Reasons of resyncs the store decides itself; the server's reasons are its enum names in
 # lowercase ("overflow", "rewrite", ...).
@@ -156,7 +158,10 @@ class _Stream:
 class RecordStore:
     """One session's transcript as a follower sees it."""
 
-    def __init__(self, event_limit: int = DEFAULT_EVENT_LIMIT) -> None:
+    def __init__(self, event_limit: int = DEFAULT_EVENT_LIMIT, message_limit: int = DEFAULT_MESSAGE_LIMIT) -> None:
+        if message_limit < 1:
+            raise ValueError("a store keeps at least one message")
+        self._message_limit = message_limit
         self._messages: dict[int, pb.Message] = {}
         self._tools: dict[str, ToolRecord] = {}
         self._prefixes: dict[str, Prefix] = {}
@@ -190,7 +195,8 @@ class RecordStore:
 
     @property
     def messages(self) -> Mapping[int, pb.Message]:
-        """Committed messages by id."""
+        """Committed messages by id: the newest `message_limit` of those seen (older ones are left to
+        history pages, see `history`). A message may be a stub (`body_deferred`): load its body by id."""
         return self._messages
 
     def ordered_messages(self) -> list[pb.Message]:
@@ -285,8 +291,7 @@ class RecordStore:
             return self._snapshot_part(stream, frame)
         if stream.phase is _Phase.RESUME_PREFIXES:
             if kind == "snapshot_prefix":
-                stream.prefixes.append(frame.snapshot_prefix)
-                return Outcome.applied()
+                return self._collect_prefix(stream, frame.snapshot_prefix)
             # Rule: the prefixes that follow a RESUME handshake replace all active prefixes
             # together, when the first frame that is not one of them arrives.
             self._prefixes = {}
@@ -326,7 +331,7 @@ class RecordStore:
         elif kind == "snapshot_runtime" and stream.runtime is None:
             stream.runtime = frame.snapshot_runtime
         elif kind == "snapshot_prefix":
-            stream.prefixes.append(frame.snapshot_prefix)
+            return self._collect_prefix(stream, frame.snapshot_prefix)
         elif kind == "snapshot_end":
             return self._end_snapshot(stream, frame.stream_generation, frame.snapshot_end)
         else:
@@ -352,6 +357,19 @@ class RecordStore:
             )
         )
         self._stream = _Stream(stream_generation, _Phase.LIVE, stream.durable_seq)
+        return Outcome.applied()
+
+    def _collect_prefix(self, stream: _Stream, piece: fpb.ActivePrefix) -> Outcome:
+        """Gather a piece of an active prefix; a piece that does not continue the one before is a gap."""
+        if piece.first_chunk_index:
+            previous = stream.prefixes[-1] if stream.prefixes else None
+            if (
+                previous is None
+                or previous.attempt != piece.attempt
+                or previous.next_chunk_index != piece.first_chunk_index
+            ):
+                return self._fail(CHUNK_GAP)
+        stream.prefixes.append(piece)
         return Outcome.applied()
 
     def _status_during_baseline(self, stream: _Stream, frame: api.FollowResponse) -> Outcome:
@@ -467,6 +485,8 @@ class RecordStore:
             self._messages.pop(message.message_id, None)
             return
         self._messages[message.message_id] = message
+        if len(self._messages) > self._message_limit:
+            self._evict_oldest()
         for call in message.tool_calls:
             known = self._tools.get(call.tool_call_id, ToolRecord(call.tool_call_id))
             self._tools[call.tool_call_id] = replace(known, call=call, call_message_id=message.message_id)
@@ -475,9 +495,38 @@ class RecordStore:
             self._tools[message.tool_call_id] = replace(known, result_message_id=message.message_id)
 
     def _install_prefixes(self, prefixes: Iterable[fpb.ActivePrefix]) -> None:
+        # Pieces were checked to continue each other as they arrived (`_collect_prefix`).
+        texts: dict[str, list[str]] = {}
         for prefix in prefixes:
             key = prefix.attempt.message_key
-            self._prefixes[key] = Prefix(key, prefix.attempt.attempt, prefix.next_chunk_index, prefix.text)
+            if not prefix.first_chunk_index:
+                texts[key] = []
+            texts[key].append(prefix.text)
+            self._prefixes[key] = Prefix(key, prefix.attempt.attempt, prefix.next_chunk_index, "")
+        for key, parts in texts.items():
+            self._prefixes[key] = replace(self._prefixes[key], text="".join(parts))
+
+    def _evict_oldest(self) -> None:
+        """Forget the oldest message (and its tool links): it stays reachable through history pages,
+        which continue before the oldest message kept, at the sequence the store has applied."""
+        oldest = min(self._messages)
+        evicted = self._messages.pop(oldest)
+        for call in evicted.tool_calls:
+            known = self._tools.get(call.tool_call_id)
+            if known is not None and known.call_message_id == oldest:
+                self._tools.pop(call.tool_call_id)
+        if evicted.role == pb.MESSAGE_ROLE_TOOL:
+            known = self._tools.get(evicted.tool_call_id)
+            if known is not None and known.result_message_id == oldest:
+                self._tools.pop(evicted.tool_call_id)
+        self._settlements.pop(oldest, None)
+        self._has_older = True
+        if self._cursor is not None:
+            self._history = fpb.HistoryCursor(
+                stream_generation=self._cursor.stream_generation,
+                snapshot_sequence=self._cursor.seq,
+                before_message_id=min(self._messages),
+            )
 
     def _drop_prefix(self, ref: fpb.AttemptRef) -> None:
         current = self._prefixes.get(ref.message_key)

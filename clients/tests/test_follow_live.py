@@ -4,6 +4,7 @@ overflow, restart and old peers."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from pathlib import Path
 
 import grpc
@@ -33,7 +34,17 @@ from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
-from continuum_follow import Backoff, FollowClient, FollowError, Prefix, Status, Update, UpgradeRequiredError
+from continuum_follow import (
+    Backoff,
+    FollowClient,
+    FollowError,
+    Prefix,
+    RecordStore,
+    Status,
+    Update,
+    UpgradeRequiredError,
+)
+from continuum_follow.client import MAX_SERVER_FAULTS
 from continuum_transcript.server import start
 
 
@@ -227,3 +238,73 @@ async def test_following_a_missing_session_fails_without_retrying(tmp_path: Path
 
         assert caught.value.details is not None and caught.value.details.reason == "SESSION_NOT_FOUND"
         assert client.followed_times == 1
+
+
+async def test_a_frame_over_the_clients_message_limit_is_a_permanent_error_not_a_retry_loop(tmp_path: Path) -> None:
+    # A client whose channel takes at most 4 KiB per message: the server's snapshot is larger.
+    async with running(tmp_path, channel_options=[("grpc.max_receive_message_length", 4096)]) as live:
+        session = await live.session()
+        await live.append(session, user("y" * 20_000))
+        client = live.follower(session)
+
+        with pytest.raises(FollowError, match="larger than this client's message limit"):
+            await asyncio.wait_for(client.run(), 10)
+
+        assert client.followed_times == 1
+
+
+async def test_a_server_failing_every_time_is_given_up_on_after_a_few_tries(tmp_path: Path) -> None:
+    database = tmp_path / "t.db"
+    async with running(tmp_path) as live:
+        session = await live.session()
+        # The database is broken under the server: every Follow fails inside it (INTERNAL).
+        with sqlite3.connect(database) as broken:
+            broken.execute("ALTER TABLE messages RENAME TO messages_gone")
+        client = live.follower(session)
+
+        with pytest.raises(FollowError, match="failed 5 times in a row"):
+            await asyncio.wait_for(client.run(), 20)
+
+        assert client.followed_times == MAX_SERVER_FAULTS
+
+
+async def test_a_stub_in_the_store_loads_whole_by_id(tmp_path: Path) -> None:
+    async with running(tmp_path) as live:
+        session = await live.session()
+        body = "big " * 100_000
+        (big,) = await live.append(session, user(body))
+        client = live.follower(session)
+        async with following(client):
+            await eventually(lambda: big in client.store.messages, what="the snapshot")
+            stub = client.store.messages[big]
+            assert stub.body_deferred and stub.preview.startswith("big big") and not stub.content
+
+            loaded = await client.load_message(big)
+
+        assert text(loaded) == body and not loaded.body_deferred and loaded.message_id == big
+
+
+async def test_a_store_keeps_only_its_newest_messages_and_pages_on_from_there(tmp_path: Path) -> None:
+    async with running(tmp_path) as live:
+        session = await live.session()
+        ids = await live.append(session, *[user(f"m{n}") for n in range(10)])
+        client = live.follower(session, store=RecordStore(message_limit=4))
+        async with following(client):
+            more = await live.append(session, *[user(f"n{n}") for n in range(6)])
+            await eventually(lambda: more[-1] in client.store.messages, what="the live messages")
+        store = client.store
+        assert sorted(store.messages) == more[-4:]
+        assert store.has_older and store.history is not None
+        assert store.history.before_message_id == more[-4]
+        # The history cursor continues exactly before the oldest message kept.
+        page = await live.stub.ListMessagePage(
+            api.ListMessagePageRequest(
+                session_id=session,
+                anchor_message_id=store.history.before_message_id,
+                page_size=100,
+                stream_generation=store.history.stream_generation,
+                snapshot_sequence=store.history.snapshot_sequence,
+            ),
+            metadata=live.metadata,
+        )
+        assert [m.message_id for m in page.messages] == ids + more[:-4]

@@ -411,3 +411,31 @@ def test_a_heartbeat_with_everything_durable_ends_a_recovery_failure() -> None:
     store.apply(heartbeat(7, 7))
 
     assert store.recovery_failure is None
+
+
+def _piece(first: int, next_index: int, text: str, key: str = "k", attempt: int = 1) -> fpb.ActivePrefix:
+    return fpb.ActivePrefix(attempt=ref(key, attempt), first_chunk_index=first, next_chunk_index=next_index, text=text)
+
+
+def test_a_prefix_in_pieces_is_installed_whole_and_a_gap_between_pieces_is_a_resync() -> None:
+    store = RecordStore()
+    pieces = [_piece(0, 2, "ab"), _piece(2, 3, "c"), _piece(0, 1, "z", key="other")]
+    assert all(o.status is Status.APPLIED for o in apply_all(store, baseline(3, prefixes=pieces)))
+    assert store.prefixes["k"] == Prefix("k", 1, 3, "abc")
+    assert store.prefixes["other"] == Prefix("other", 1, 1, "z")
+
+    gapped = RecordStore()
+    outcomes = apply_all(gapped, baseline(3, prefixes=[_piece(0, 2, "ab"), _piece(3, 4, "d")]))
+    assert outcomes[-2] == Outcome.resync(CHUNK_GAP)
+    assert gapped.cursor is None
+
+
+def test_a_store_evicts_its_oldest_messages_beyond_its_limit() -> None:
+    store = RecordStore(message_limit=3)
+    apply_all(store, baseline(2, [message(1, "a"), message(2, "b")]))
+    apply_all(store, [batch(2, 3, [message(3, "c"), message(4, "d"), message(5, "e")])])
+    assert texts(store) == ["c", "d", "e"]
+    assert store.has_older and store.history is not None
+    assert (store.history.before_message_id, store.history.snapshot_sequence) == (3, 3)
+    with pytest.raises(ValueError, match="at least one"):
+        RecordStore(message_limit=0)

@@ -6,7 +6,7 @@
          ?after=<message id>&pageSize=&pageToken=
     GET  /v1/sessions/{session_id}/messages:page               ListMessagePage
          ?anchor=<message id>&direction=older|newer&pageSize=&streamGeneration=&snapshotSequence=
-    GET  /v1/sessions/{session_id}/messages/{message_id}       GetMessage
+    GET  /v1/sessions/{session_id}/messages/{message_id}       StreamMessage (see `message_body`)
     POST /v1/sessions/{session_id}/messages/{message_id}:edit  EditUserMessage
          body {"content": [ContentPart, ...], "expectedHistoryGeneration": "3"}
 
@@ -28,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from continuum.transcript.v1 import transcript_service_pb2
+from continuum_gateway import message_body
 from continuum_gateway.protojson import bind_path, bind_query, json_response, parse_body
 from continuum_gateway.routing import resource
 from continuum_gateway.upstream import call_transcript
@@ -70,16 +71,6 @@ async def list_message_page(request: Request) -> Response:
     return json_response(await call_transcript(request, lambda t: t.ListMessagePage, message))
 
 
-async def get_message(request: Request) -> Response:
-    """One message by id, deleted or not."""
-    message = bind_path(
-        request,
-        transcript_service_pb2.GetMessageRequest(session_id=request.path_params["session_id"]),
-        {"message_id": "messageId"},
-    )
-    return json_response(await call_transcript(request, lambda t: t.GetMessage, message))
-
-
 async def edit_user_message(request: Request) -> Response:
     """Replace a USER message's content; every later message of the session is deleted."""
     message = await parse_body(request, transcript_service_pb2.EditUserMessageRequest())
@@ -95,6 +86,6 @@ ROUTES = [
         {"POST": append_messages, "GET": list_messages_after},
     ),
     resource("/v1/sessions/{session_id}/messages:page", "message_page", {"GET": list_message_page}),
-    resource("/v1/sessions/{session_id}/messages/{message_id}", "message", {"GET": get_message}),
+    resource("/v1/sessions/{session_id}/messages/{message_id}", "message", {"GET": message_body.get_message}),
     resource("/v1/sessions/{session_id}/messages/{message_id}:edit", "message_edit", {"POST": edit_user_message}),
 ]

@@ -80,6 +80,17 @@ class Upstreams:
             raise UpstreamError(upstream, error) from None
 
     @asynccontextmanager
+    async def stream_transcript(self, rpc: Callable[..., Any], request: Message, *, user: str) -> AsyncIterator[Any]:
+        """A server-streaming transcript call (e.g. ``upstreams.transcript.StreamMessage``) for `user`,
+        under the upstream deadline and cancelled on exit. Reading it raises `UpstreamError`."""
+        metadata = call_metadata(self._service_token.get_secret_value(), user)
+        call = rpc(request, metadata=metadata, timeout=self._timeout)
+        try:
+            yield _Reading(call)
+        finally:
+            call.cancel()
+
+    @asynccontextmanager
     async def follow_transcript(
         self, request: transcript_service_pb2.FollowRequest, *, user: str
     ) -> AsyncIterator[Any]:
@@ -139,6 +150,21 @@ async def connect(settings: GatewaySettings) -> AsyncIterator[Upstreams]:
         yield upstreams
     finally:
         await upstreams.close()
+
+
+class _Reading:
+    """Frames of a streaming call, its failures as `UpstreamError` (None once the stream ended)."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    async def read(self) -> Any:
+        """The next frame, or None at the end of the stream."""
+        try:
+            frame = await self._call.read()
+        except grpc.aio.AioRpcError as error:
+            raise UpstreamError(TRANSCRIPT, error) from None
+        return None if frame is grpc.aio.EOF else frame
 
 
 def upstreams_of(request: HTTPConnection) -> Upstreams:

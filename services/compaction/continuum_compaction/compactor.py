@@ -133,8 +133,10 @@ class Compactor:
         self, user: str, session_id: str, record: store.CompactionRecord | None, invalid: bool = False
     ) -> Baseline:
         boundary = record.last_compacted_msg_id if record is not None else 0
-        messages = await self._transcript.list_after(user, session_id, boundary)
-        return Baseline(record, load_history(boundary, messages), invalid)
+        messages, clipped = await self._transcript.list_after(
+            user, session_id, boundary, self._settings.context_message_max_bytes
+        )
+        return Baseline(record, load_history(boundary, messages, clipped), invalid)
 
     async def _boundary_problem(self, user: str, session_id: str, boundary: int) -> str:
         message = await self._transcript.get_message(user, session_id, boundary)

@@ -9,17 +9,21 @@ injected is decided when a run starts and kept for all its requests.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from continuum.compaction.events.v1 import events_pb2
 from continuum.compaction.v1 import compaction_service_pb2 as api
 from continuum_compaction import store, validation
 from continuum_compaction.announce import Announcer
 from continuum_compaction.compactor import Attempt, Compactor
+from continuum_compaction.cuts import newest_turns_within
 from continuum_compaction.request import build_request
 from continuum_compaction.settings import CompactionSettings
 from continuum_compaction.transcript_client import TranscriptClient
 from continuum_runtime.clock import Clock
 from continuum_runtime.database import Database
+
+logger = logging.getLogger("continuum.compaction")
 
 
 class ContextBuilder:
@@ -82,14 +86,22 @@ class ContextBuilder:
                 boundary_was_invalid=baseline.boundary_was_invalid,
             )
         memory = list(request.memory_entries) if inject_memory else []
+        # The answer stays bounded whatever the history after the boundary holds (see the settings).
+        history, omitted = newest_turns_within(baseline.history, self._settings.context_max_bytes)
+        if omitted:
+            logger.warning(
+                "messages left out of a request: the history after the boundary passes the response limit",
+                extra={"session_id": session_id, "boundary": baseline.boundary, "omitted": omitted},
+            )
         built = build_request(
             session_id,
             request.system_prompt_sections,
             memory,
             baseline.summary,
-            baseline.history,
+            history,
             window,
             self._settings.manifest_max_bytes,
+            omitted,
         )
         await announcer.context_window(built.manifest)
         return api.BuildContextResponse(

@@ -10,7 +10,7 @@ results. Everything here is pure: no I/O.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from continuum_compaction.history import LoadedHistory, LoadedMessage
 
@@ -51,6 +51,24 @@ def split_turns(view: Sequence[LoadedMessage]) -> list[list[LoadedMessage]]:
         else:
             turns[-1].append(message)
     return turns
+
+
+def newest_turns_within(history: LoadedHistory, max_bytes: int) -> tuple[LoadedHistory, int]:
+    """`history` with its oldest whole turns left out until its messages fit in `max_bytes` (the last,
+    current turn always stays), and how many messages were left out."""
+    sizes = {message.message_id: message.message.ByteSize() for message in history.view}
+    if sum(sizes.values()) <= max_bytes:
+        return history, 0
+    kept: list[list[LoadedMessage]] = []
+    total = 0
+    for turn in reversed(split_turns(history.view)):
+        size = sum(sizes[message.message_id] for message in turn)
+        if kept and total + size > max_bytes:
+            break
+        kept.append(turn)
+        total += size
+    view = tuple(message for turn in reversed(kept) for message in turn)
+    return replace(history, view=view), len(history.view) - len(view)
 
 
 def completed_rounds(turn: Sequence[LoadedMessage], start: int) -> int:

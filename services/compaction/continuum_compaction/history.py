@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum_compaction.model_view import build_model_view
@@ -63,6 +64,39 @@ class LoadedMessage:
         return self.message.tool_call_id
 
 
+def clip(message: tpb.Message, max_bytes: int) -> tpb.Message:
+    """`message` with its texts (content, then tool call arguments) cut to `max_bytes` of UTF-8 in all,
+    and a note saying what was left out; the message itself when its texts are within the limit.
+
+    A model cannot read a multi-megabyte tool output in one request anyway; the transcript keeps the
+    whole message, and the note names it so the runtime can read it in full if it must.
+    """
+    if message.ByteSize() <= max_bytes:
+        return message  # its texts are smaller still
+    clipped = tpb.Message()
+    clipped.CopyFrom(message)
+    texts: list[tuple[Any, str]] = [(part, "text") for part in clipped.content if part.WhichOneof("part") == "text"]
+    texts += [(call, "arguments") for call in clipped.tool_calls]
+    remaining, left_out = max_bytes, 0
+    for holder, name in texts:
+        encoded = getattr(holder, name).encode()
+        if len(encoded) > remaining:
+            kept = encoded[:remaining].decode(errors="ignore")
+            setattr(holder, name, kept)
+            left_out += len(encoded) - len(kept.encode())
+        remaining = max(0, remaining - len(encoded))
+    if not left_out:
+        return message  # large in its metadata, not its texts
+    note = (
+        f"\n[{left_out} more bytes of message {message.message_id} left out of this request; the transcript has it all]"
+    )
+    if clipped.content and clipped.content[-1].WhichOneof("part") == "text":
+        clipped.content[-1].text += note
+    else:
+        clipped.content.add(text=note)
+    return clipped
+
+
 @dataclass(frozen=True)
 class LoadedHistory:
     """The messages after one boundary, in model order, plus the ids the normalizer dropped.
@@ -74,6 +108,8 @@ class LoadedHistory:
     boundary: int
     view: tuple[LoadedMessage, ...]
     dropped_ids: frozenset[int]
+    # Messages whose text was clipped to the per-message limit when loaded (see `clip`).
+    clipped_ids: frozenset[int] = frozenset()
 
     @property
     def tokens(self) -> int:
@@ -81,8 +117,11 @@ class LoadedHistory:
         return sum(message.tokens for message in self.view)
 
 
-def load_history(boundary: int, messages: Iterable[tpb.Message]) -> LoadedHistory:
-    """Normalize the messages loaded after `boundary` (query first, then reorder; seed 001 §7.3)."""
+def load_history(
+    boundary: int, messages: Iterable[tpb.Message], clipped_ids: frozenset[int] = frozenset()
+) -> LoadedHistory:
+    """Normalize the messages loaded after `boundary` (query first, then reorder; seed 001 §7.3).
+    `clipped_ids` names those that were clipped (see `clip`) as they were loaded."""
     view = build_model_view(LoadedMessage.of(message) for message in messages)
     dropped = frozenset(view.report.orphan_ids) | frozenset(view.report.duplicate_ids)
-    return LoadedHistory(boundary, tuple(view.messages), dropped)
+    return LoadedHistory(boundary, tuple(view.messages), dropped, clipped_ids)

@@ -47,8 +47,10 @@ def build_request(
     history: LoadedHistory,
     window_tokens: int,
     manifest_max_bytes: int,
+    omitted_messages: int = 0,
 ) -> ModelRequest:
-    """Assemble the request, then describe it. `memory` is empty when injection is off."""
+    """Assemble the request, then describe it. `memory` is empty when injection is off;
+    `omitted_messages` counts the messages after the boundary that `history` leaves out."""
     texts = [section.text for section in sections]
     stats = [
         events_pb2.ContextSection(
@@ -96,6 +98,8 @@ def build_request(
         effective_window_tokens=window_tokens,
         estimated_total_tokens=sum(stat.estimated_tokens for stat in stats),
         tokens_are_estimates=True,
+        omitted_message_count=omitted_messages,
+        clipped_message_count=sum(1 for loaded in history.view if loaded.message_id in history.clipped_ids),
     )
     return ModelRequest("".join(texts), messages, bounded(manifest, manifest_max_bytes))
 

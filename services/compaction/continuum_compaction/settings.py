@@ -48,6 +48,12 @@ class CompactionSettings(ServiceSettings):
     # Output budget of one summary.
     summary_max_output_tokens: int = Field(default=2048, ge=64)
 
+    # Nothing BuildContext answers grows with the history: each message's text is clipped to
+    # `context_message_max_bytes` (with a note), and when the messages after the boundary would pass
+    # `context_max_bytes` together, the oldest whole turns are left out of the request (the manifest
+    # counts both; later compactions summarize what was left out).
+    context_message_max_bytes: int = Field(default=1024 * 1024, ge=4096)
+    context_max_bytes: int = Field(default=32 * 1024 * 1024, ge=1024 * 1024)
     # Lease of the claim an idle manual compaction holds: a compaction that crashed stops blocking its
     # session's turns after this long at most (sooner when it restarts: it releases its claims at start).
     claim_ttl_seconds: float = Field(default=15.0, ge=2, le=3600)

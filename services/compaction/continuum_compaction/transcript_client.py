@@ -18,6 +18,7 @@ from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
 from continuum_compaction.errors import TranscriptRefused, TranscriptUnavailable
+from continuum_compaction.history import clip
 from continuum_runtime.auth import call_metadata
 from continuum_runtime.channels import open_channel
 from continuum_runtime.errors import error_details
@@ -100,19 +101,28 @@ class TranscriptClient:
             raise
         return response.message
 
-    async def list_after(self, user: str, session_id: str, after_message_id: int) -> list[tpb.Message]:
-        """Every live message with id > `after_message_id`, ascending; no cap (seed 001 §7.3)."""
+    async def list_after(
+        self, user: str, session_id: str, after_message_id: int, max_message_bytes: int
+    ) -> tuple[list[tpb.Message], frozenset[int]]:
+        """Every live message with id > `after_message_id`, ascending; no cap on their number (seed 001
+        §7.3), each clipped to `max_message_bytes` of text as its page arrives (see `history.clip`).
+        Returns them and the ids of those that were clipped."""
         messages: list[tpb.Message] = []
+        clipped: set[int] = set()
         token = ""
         while True:
             request = api.ListMessagesAfterRequest(
                 session_id=session_id, after_message_id=after_message_id, page_size=PAGE_SIZE, page_token=token
             )
             response = await self._call(self._stub.ListMessagesAfter, request, user)
-            messages.extend(response.messages)
+            for message in response.messages:
+                kept = clip(message, max_message_bytes)
+                if kept is not message:
+                    clipped.add(message.message_id)
+                messages.append(kept)
             token = response.next_page_token
             if not token:
-                return messages
+                return messages, frozenset(clipped)
 
     async def set_fence(
         self, user: str, session_id: str, message_id: int, generation: int, expected_fence: int

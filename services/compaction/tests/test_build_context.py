@@ -347,3 +347,36 @@ async def test_tool_rounds_reusing_a_call_id_pair_within_their_turn(tmp_path: Pa
         assert ids_of(response) == expected
         texts = [m.content[0].text for m in response.messages if m.role == tpb.MESSAGE_ROLE_TOOL]
         assert texts == ["r1a", "r1b", "r2a", "r3a"]
+
+
+async def test_the_answer_stays_bounded_leaving_out_the_oldest_turns_and_clipping_huge_messages(
+    tmp_path: Path, database_url: str
+) -> None:
+    limit = 1024 * 1024
+    async with running_stack(
+        tmp_path, database_url, auto_compaction=False, context_max_bytes=limit, context_message_max_bytes=512 * 1024
+    ) as stack:
+        await stack.new_session("s1")
+        for turn in range(6):
+            await stack.append(
+                "s1", user(f"turn {turn}"), assistant("reading", f"c{turn}"), tool(f"c{turn}", "r" * 300_000)
+            )
+        huge = (await stack.append("s1", user("x" * 3_000_000)))[0]
+
+        response = await stack.build("s1")
+
+        ids = [m.message_id for m in response.messages]
+        assert ids[-1] == huge, "the current turn always stays"
+        assert sum(m.ByteSize() for m in response.messages) <= limit
+        manifest = response.manifest
+        assert manifest.omitted_message_count > 0 and manifest.clipped_message_count == 1
+        assert manifest.omitted_message_count + len(ids) == 6 * 3 + 1
+        # The oldest whole turns went first: what is kept starts at a USER message.
+        assert response.messages[0].role == tpb.MESSAGE_ROLE_USER
+        current = response.messages[-1].content[0].text
+        assert current.startswith("x" * 1000) and f"of message {huge} left out of this request" in current
+        # Only the request was clipped: the transcript keeps the message whole.
+        stored = await stack.transcript.stub.GetMessage(
+            tapi.GetMessageRequest(session_id="s1", message_id=huge), metadata=stack.user()
+        )
+        assert stored.message.content[0].text == "x" * 3_000_000

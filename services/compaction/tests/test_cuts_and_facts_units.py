@@ -5,9 +5,17 @@ from __future__ import annotations
 import json
 
 from continuum.transcript.v1 import resources_pb2 as tpb
-from continuum_compaction.cuts import Unit, batches, completed_rounds, plan_cut, safe_boundary, split_turns
+from continuum_compaction.cuts import (
+    Unit,
+    batches,
+    completed_rounds,
+    newest_turns_within,
+    plan_cut,
+    safe_boundary,
+    split_turns,
+)
 from continuum_compaction.facts import Fact, extract_facts, is_kept, missing_facts, with_preserved_facts
-from continuum_compaction.history import LoadedMessage, load_history
+from continuum_compaction.history import LoadedMessage, clip, load_history
 
 ROLES = {"u": tpb.MESSAGE_ROLE_USER, "a": tpb.MESSAGE_ROLE_ASSISTANT, "t": tpb.MESSAGE_ROLE_TOOL}
 
@@ -131,3 +139,44 @@ def test_facts_are_found_checked_and_appended() -> None:
     assert missing_facts(facts, appended) == []
     assert with_preserved_facts(summary, []) == summary
     assert is_kept(Fact("constraint", "never push to main"), "The user said: never push directly to main.")
+
+
+def test_a_message_is_clipped_to_the_limit_with_a_note_naming_it() -> None:
+    big = message(7, "t", "é" * 3000 + "tail", answers="c")
+    big.metadata.update({"k": "v"})
+
+    clipped = clip(big, 1000)
+
+    text = clipped.content[0].text
+    kept, note = text.split("\n[", 1)
+    assert len(kept.encode()) <= 1000 and big.content[0].text.startswith(kept)
+    assert note.startswith(f"{len(big.content[0].text.encode()) - len(kept.encode())} more bytes of message 7")
+    assert clipped.metadata == big.metadata and clipped.tool_call_id == "c"
+    assert big.content[0].text.endswith("tail"), "the original is not changed"
+    small = message(8, "u", "short")
+    assert clip(small, 1000) is small
+
+
+def test_tool_call_arguments_are_clipped_after_the_text() -> None:
+    call = tpb.ToolCall(tool_call_id="c", name="write", arguments="x" * 5000)
+    original = tpb.Message(message_id=9, role=tpb.MESSAGE_ROLE_ASSISTANT, content=[tpb.ContentPart(text="ok")])
+    original.tool_calls.append(call)
+
+    clipped = clip(original, 1000)
+
+    assert clipped.tool_calls[0].arguments == "x" * 998
+    assert clipped.content[-1].text.startswith("ok\n[4002 more bytes of message 9")
+
+
+def test_only_the_newest_whole_turns_that_fit_are_kept_and_the_current_turn_always() -> None:
+    turns = [message(n, "u" if n % 3 == 1 else "a", "x" * 100) for n in range(1, 10)]  # turns [1-3] [4-6] [7-9]
+    history = load_history(0, turns)
+    size = sum(m.message.ByteSize() for m in history.view[-3:])
+
+    kept, omitted = newest_turns_within(history, size + 10)
+    assert ([m.message_id for m in kept.view], omitted) == ([7, 8, 9], 6)
+    kept, omitted = newest_turns_within(history, 2 * size + 10)
+    assert ([m.message_id for m in kept.view], omitted) == ([4, 5, 6, 7, 8, 9], 3)
+    kept, omitted = newest_turns_within(history, 10)
+    assert ([m.message_id for m in kept.view], omitted) == ([7, 8, 9], 6), "the current turn stays"
+    assert newest_turns_within(history, 10**6) == (history, 0)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 
@@ -52,3 +53,40 @@ async def test_concurrent_runs_all_succeed_and_match_the_code(database_url: str)
                 assert list(schema.scalars()) == ["transcript"]
     finally:
         await database.dispose()
+
+
+async def test_message_sizes_previews_and_flags_are_backfilled(database_url: str) -> None:
+    database = Database(database_url, schema="transcript")
+    try:
+        await migrations.upgrade(database, MIGRATIONS_DIR, target="0004")
+        huge = "word " * 100_000  # 500 kB: read on its own by the backfill
+        rows = [
+            (1, '[{"text": "hello there"}]', "[]", "{}"),
+            (2, json.dumps([{"text": huge}]), "[]", "{}"),
+            (3, '[{"text": "{\\"truncated\\": true}"}]', "[]", '{"resultTruncated": true}'),
+            (4, "[]", json.dumps([{"tool_call_id": "c", "name": "w", "arguments": "a" * 9000}]), "{}"),
+        ]
+        async with database.transaction() as connection:
+            for message_id, content, calls, metadata_json in rows:
+                await connection.execute(
+                    text(
+                        "INSERT INTO messages (message_id, session_id, role, content, tool_calls, tool_call_id,"
+                        " metadata, status, deleted, create_ms, commit_seq)"
+                        " VALUES (:id, 's', 3, :content, :calls, '', :metadata, 1, false, 0, 0)"
+                    ),
+                    {"id": message_id, "content": content, "calls": calls, "metadata": metadata_json},
+                )
+        await migrations.upgrade(database, MIGRATIONS_DIR)
+        async with database.connection() as connection:
+            found = (
+                await connection.execute(
+                    text("SELECT message_id, body_bytes, preview, result_truncated FROM messages ORDER BY message_id")
+                )
+            ).all()
+    finally:
+        await database.dispose()
+    assert [(row[0], row[1]) for row in found] == [(1, 11), (2, len(huge)), (3, 19 + 25), (4, 9000)]
+    assert [row[2] for row in found][0::2] == ["", ""]
+    assert found[1][2].startswith("word word") and len(found[1][2]) <= 200
+    assert found[3][2] == "", "tool call arguments are no text to preview"
+    assert [bool(row[3]) for row in found] == [False, False, True, False]

@@ -24,27 +24,27 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+continuum/compaction/events/v1/events.proto\x12\x1e\x63ontinuum.compaction.events.v1\"U\n\x0e\x43ontextSection\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05label\x18\x02 \x01(\t\x12\x18\n\x10\x65stimated_tokens\x18\x03 \x01(\x03\x12\r\n\x05\x63ount\x18\x04 \x01(\x05\"\xd7\x01\n\x0f\x43ontextManifest\x12@\n\x08sections\x18\x01 \x03(\x0b\x32..continuum.compaction.events.v1.ContextSection\x12\x12\n\nmemory_ids\x18\x02 \x03(\t\x12\x1f\n\x17\x65\x66\x66\x65\x63tive_window_tokens\x18\x03 \x01(\x03\x12\x1e\n\x16\x65stimated_total_tokens\x18\x04 \x01(\x03\x12\x1c\n\x14tokens_are_estimates\x18\x05 \x01(\x08\x12\x0f\n\x07trimmed\x18\x06 \x01(\x08\"\x7f\n\x11\x43ompactionStarted\x12\x41\n\x0ctrigger_mode\x18\x01 \x01(\x0e\x32+.continuum.compaction.events.v1.TriggerMode\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x17\n\x0f\x62oundary_before\x18\x03 \x01(\x03\"\x9c\x02\n\x0f\x43ompactionEnded\x12\x41\n\x0ctrigger_mode\x18\x01 \x01(\x0e\x32+.continuum.compaction.events.v1.TriggerMode\x12\x42\n\x07outcome\x18\x02 \x01(\x0e\x32\x31.continuum.compaction.events.v1.CompactionOutcome\x12\x17\n\x0f\x62oundary_before\x18\x03 \x01(\x03\x12\x16\n\x0e\x62oundary_after\x18\x04 \x01(\x03\x12\x1f\n\x17\x65stimated_tokens_before\x18\x05 \x01(\x03\x12\x1e\n\x16\x65stimated_tokens_after\x18\x06 \x01(\x03\x12\x10\n\x08\x65vent_id\x18\x07 \x01(\x03\"y\n\x10\x43ompactionMarker\x12\x41\n\x0ctrigger_mode\x18\x01 \x01(\x0e\x32+.continuum.compaction.events.v1.TriggerMode\x12\x10\n\x08\x62oundary\x18\x02 \x01(\x03\x12\x10\n\x08\x65vent_id\x18\x03 \x01(\x03\"\x9a\x01\n\rContextWindow\x12\x18\n\x10\x65stimated_tokens\x18\x01 \x01(\x03\x12\x1a\n\ractual_tokens\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x41\n\x08manifest\x18\x03 \x01(\x0b\x32/.continuum.compaction.events.v1.ContextManifestB\x10\n\x0e_actual_tokens*\x7f\n\x0bTriggerMode\x12\x1c\n\x18TRIGGER_MODE_UNSPECIFIED\x10\x00\x12\x1e\n\x1aTRIGGER_MODE_REQUEST_START\x10\x01\x12\x19\n\x15TRIGGER_MODE_MID_LOOP\x10\x02\x12\x17\n\x13TRIGGER_MODE_MANUAL\x10\x03*\x94\x02\n\x11\x43ompactionOutcome\x12\"\n\x1e\x43OMPACTION_OUTCOME_UNSPECIFIED\x10\x00\x12$\n COMPACTION_OUTCOME_NOT_TRIGGERED\x10\x01\x12 \n\x1c\x43OMPACTION_OUTCOME_COMPACTED\x10\x02\x12\x1f\n\x1b\x43OMPACTION_OUTCOME_CONFLICT\x10\x03\x12\x1d\n\x19\x43OMPACTION_OUTCOME_FAILED\x10\x04\x12(\n$COMPACTION_OUTCOME_HISTORY_REWRITTEN\x10\x05\x12)\n%COMPACTION_OUTCOME_NOTHING_TO_COMPACT\x10\x06\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+continuum/compaction/events/v1/events.proto\x12\x1e\x63ontinuum.compaction.events.v1\"U\n\x0e\x43ontextSection\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05label\x18\x02 \x01(\t\x12\x18\n\x10\x65stimated_tokens\x18\x03 \x01(\x03\x12\r\n\x05\x63ount\x18\x04 \x01(\x05\"\x95\x02\n\x0f\x43ontextManifest\x12@\n\x08sections\x18\x01 \x03(\x0b\x32..continuum.compaction.events.v1.ContextSection\x12\x12\n\nmemory_ids\x18\x02 \x03(\t\x12\x1f\n\x17\x65\x66\x66\x65\x63tive_window_tokens\x18\x03 \x01(\x03\x12\x1e\n\x16\x65stimated_total_tokens\x18\x04 \x01(\x03\x12\x1c\n\x14tokens_are_estimates\x18\x05 \x01(\x08\x12\x0f\n\x07trimmed\x18\x06 \x01(\x08\x12\x1d\n\x15omitted_message_count\x18\x07 \x01(\x05\x12\x1d\n\x15\x63lipped_message_count\x18\x08 \x01(\x05\"\x7f\n\x11\x43ompactionStarted\x12\x41\n\x0ctrigger_mode\x18\x01 \x01(\x0e\x32+.continuum.compaction.events.v1.TriggerMode\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x17\n\x0f\x62oundary_before\x18\x03 \x01(\x03\"\x9c\x02\n\x0f\x43ompactionEnded\x12\x41\n\x0ctrigger_mode\x18\x01 \x01(\x0e\x32+.continuum.compaction.events.v1.TriggerMode\x12\x42\n\x07outcome\x18\x02 \x01(\x0e\x32\x31.continuum.compaction.events.v1.CompactionOutcome\x12\x17\n\x0f\x62oundary_before\x18\x03 \x01(\x03\x12\x16\n\x0e\x62oundary_after\x18\x04 \x01(\x03\x12\x1f\n\x17\x65stimated_tokens_before\x18\x05 \x01(\x03\x12\x1e\n\x16\x65stimated_tokens_after\x18\x06 \x01(\x03\x12\x10\n\x08\x65vent_id\x18\x07 \x01(\x03\"y\n\x10\x43ompactionMarker\x12\x41\n\x0ctrigger_mode\x18\x01 \x01(\x0e\x32+.continuum.compaction.events.v1.TriggerMode\x12\x10\n\x08\x62oundary\x18\x02 \x01(\x03\x12\x10\n\x08\x65vent_id\x18\x03 \x01(\x03\"\x9a\x01\n\rContextWindow\x12\x18\n\x10\x65stimated_tokens\x18\x01 \x01(\x03\x12\x1a\n\ractual_tokens\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x41\n\x08manifest\x18\x03 \x01(\x0b\x32/.continuum.compaction.events.v1.ContextManifestB\x10\n\x0e_actual_tokens*\x7f\n\x0bTriggerMode\x12\x1c\n\x18TRIGGER_MODE_UNSPECIFIED\x10\x00\x12\x1e\n\x1aTRIGGER_MODE_REQUEST_START\x10\x01\x12\x19\n\x15TRIGGER_MODE_MID_LOOP\x10\x02\x12\x17\n\x13TRIGGER_MODE_MANUAL\x10\x03*\x94\x02\n\x11\x43ompactionOutcome\x12\"\n\x1e\x43OMPACTION_OUTCOME_UNSPECIFIED\x10\x00\x12$\n COMPACTION_OUTCOME_NOT_TRIGGERED\x10\x01\x12 \n\x1c\x43OMPACTION_OUTCOME_COMPACTED\x10\x02\x12\x1f\n\x1b\x43OMPACTION_OUTCOME_CONFLICT\x10\x03\x12\x1d\n\x19\x43OMPACTION_OUTCOME_FAILED\x10\x04\x12(\n$COMPACTION_OUTCOME_HISTORY_REWRITTEN\x10\x05\x12)\n%COMPACTION_OUTCOME_NOTHING_TO_COMPACT\x10\x06\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'continuum.compaction.events.v1.events_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TRIGGERMODE']._serialized_start=1080
-  _globals['_TRIGGERMODE']._serialized_end=1207
-  _globals['_COMPACTIONOUTCOME']._serialized_start=1210
-  _globals['_COMPACTIONOUTCOME']._serialized_end=1486
+  _globals['_TRIGGERMODE']._serialized_start=1142
+  _globals['_TRIGGERMODE']._serialized_end=1269
+  _globals['_COMPACTIONOUTCOME']._serialized_start=1272
+  _globals['_COMPACTIONOUTCOME']._serialized_end=1548
   _globals['_CONTEXTSECTION']._serialized_start=79
   _globals['_CONTEXTSECTION']._serialized_end=164
   _globals['_CONTEXTMANIFEST']._serialized_start=167
-  _globals['_CONTEXTMANIFEST']._serialized_end=382
-  _globals['_COMPACTIONSTARTED']._serialized_start=384
-  _globals['_COMPACTIONSTARTED']._serialized_end=511
-  _globals['_COMPACTIONENDED']._serialized_start=514
-  _globals['_COMPACTIONENDED']._serialized_end=798
-  _globals['_COMPACTIONMARKER']._serialized_start=800
-  _globals['_COMPACTIONMARKER']._serialized_end=921
-  _globals['_CONTEXTWINDOW']._serialized_start=924
-  _globals['_CONTEXTWINDOW']._serialized_end=1078
+  _globals['_CONTEXTMANIFEST']._serialized_end=444
+  _globals['_COMPACTIONSTARTED']._serialized_start=446
+  _globals['_COMPACTIONSTARTED']._serialized_end=573
+  _globals['_COMPACTIONENDED']._serialized_start=576
+  _globals['_COMPACTIONENDED']._serialized_end=860
+  _globals['_COMPACTIONMARKER']._serialized_start=862
+  _globals['_COMPACTIONMARKER']._serialized_end=983
+  _globals['_CONTEXTWINDOW']._serialized_start=986
+  _globals['_CONTEXTWINDOW']._serialized_end=1140
 # @@protoc_insertion_point(module_scope)

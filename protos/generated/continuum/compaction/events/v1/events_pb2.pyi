@@ -135,6 +135,8 @@ class ContextManifest(_message.Message):
     ESTIMATED_TOTAL_TOKENS_FIELD_NUMBER: _builtins.int
     TOKENS_ARE_ESTIMATES_FIELD_NUMBER: _builtins.int
     TRIMMED_FIELD_NUMBER: _builtins.int
+    OMITTED_MESSAGE_COUNT_FIELD_NUMBER: _builtins.int
+    CLIPPED_MESSAGE_COUNT_FIELD_NUMBER: _builtins.int
     effective_window_tokens: _builtins.int
     """The window the decision used: the model's own window, else the configured one."""
     estimated_total_tokens: _builtins.int
@@ -144,6 +146,15 @@ class ContextManifest(_message.Message):
     trimmed: _builtins.bool
     """True when the serialized manifest had to be trimmed to stay within 8 KB: memory ids are dropped
     first, then section labels are shortened; keys and figures always stay.
+    """
+    omitted_message_count: _builtins.int
+    """Messages after the boundary left out of this request because carrying them all would pass the
+    response's byte limit: the oldest whole turns go first, the current turn always stays. They
+    stay in the transcript, and later compactions summarize them.
+    """
+    clipped_message_count: _builtins.int
+    """Messages whose text was clipped to the per-message limit in this request (a note in the text
+    says how much was left out and names the message; the transcript keeps it whole).
     """
     @_builtins.property
     def sections(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContextSection]: ...
@@ -160,10 +171,12 @@ class ContextManifest(_message.Message):
         estimated_total_tokens: _builtins.int = ...,
         tokens_are_estimates: _builtins.bool = ...,
         trimmed: _builtins.bool = ...,
+        omitted_message_count: _builtins.int = ...,
+        clipped_message_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["effective_window_tokens", b"effective_window_tokens", "estimated_total_tokens", b"estimated_total_tokens", "memory_ids", b"memory_ids", "sections", b"sections", "tokens_are_estimates", b"tokens_are_estimates", "trimmed", b"trimmed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clipped_message_count", b"clipped_message_count", "effective_window_tokens", b"effective_window_tokens", "estimated_total_tokens", b"estimated_total_tokens", "memory_ids", b"memory_ids", "omitted_message_count", b"omitted_message_count", "sections", b"sections", "tokens_are_estimates", b"tokens_are_estimates", "trimmed", b"trimmed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
