@@ -8,6 +8,7 @@ import sys
 from asyncio.subprocess import Process
 from collections.abc import Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 
 def alive(pid: int) -> bool:
@@ -40,6 +41,12 @@ def children_of(parent: int) -> set[int]:
     return found
 
 
+def _service_log(data_dir: Path, name: str) -> BinaryIO:
+    """The file a service's JSON log lines go to, beside its data, for diagnosing a failed test."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return open(data_dir / f"{name}.log", "ab")
+
+
 async def serve_module(module: str, name: str, data_dir: Path, env: Mapping[str, str]) -> tuple[Process, int]:
     """`python -m <module> serve` as its own process (so a test can kill it), and its bound port.
 
@@ -48,9 +55,7 @@ async def serve_module(module: str, name: str, data_dir: Path, env: Mapping[str,
     """
     port_file = data_dir / "run" / f"{name}.port"
     port_file.unlink(missing_ok=True)
-    # The service's JSON log lines, kept beside its data for diagnosing a failed test.
-    data_dir.mkdir(parents=True, exist_ok=True)
-    with open(data_dir / f"{name}.log", "ab") as log:
+    with _service_log(data_dir, name) as log:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", module, "serve", env={**os.environ, **env}, stderr=log
         )
