@@ -33,6 +33,7 @@ from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
 from continuum_runtime.auth import call_metadata
 from continuum_runtime.channels import open_channel
+from continuum_transcript.bodies import stored_preview
 
 DEFAULT_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 SERVICE_TOKEN = "bench-service-token"
@@ -214,6 +215,19 @@ async def gateway_server(transcript_address: str) -> AsyncIterator[GatewayProces
         yield GatewayProcess("127.0.0.1", process.port, process.pid, GATEWAY_DEV_TOKEN)
 
 
+def peak_rss_bytes(pid: int) -> int:
+    """The peak resident memory of a live process since it started or since `reset_peak_rss` (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmHWM for process {pid}")
+
+
+def reset_peak_rss(pid: int) -> None:
+    """Measure `peak_rss_bytes` afresh from now (Linux: writing 5 to /proc/<pid>/clear_refs)."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
 def process_cpu_seconds(pid: int) -> float:
     """User + system CPU time of a live process, from /proc (Linux)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
@@ -264,17 +278,22 @@ class SyntheticMessage:
         return message
 
     def columns(self, session_id: str, create_ms: int) -> tuple[Any, ...]:
-        """Values of MESSAGE_COLUMNS, JSON columns serialized as the service stores them."""
+        """Values of MESSAGE_COLUMNS, JSON columns serialized and the body's size and stored preview
+        computed as the service writes them."""
+        size = self.new_message().ByteSize()
+        content = [{"text": self.text}]
         return (
             session_id,
             self.role,
-            json.dumps([{"text": self.text}]),
+            json.dumps(content),
             json.dumps(self.tool_calls),
             self.tool_call_id,
             json.dumps(self.metadata),
             int(pb.MESSAGE_STATUS_COMPLETE),
             False,
             create_ms,
+            size,
+            stored_preview(content, size),
         )
 
 
@@ -288,6 +307,8 @@ MESSAGE_COLUMNS = (
     "status",
     "deleted",
     "create_ms",
+    "body_bytes",
+    "preview",
 )
 
 

@@ -13,6 +13,11 @@ alternating the two sessions.
 
 Result: value = p50 connect time (ms) on the 100k session, baseline = p50 on the 1k session,
 ratio = value / baseline, target: ratio <= 1.5 (p95 reported too).
+
+The large case: a session of more than 200 MiB (ten 15 MB tool results among 100,000 small messages)
+is connected to the same way; its p50 against the 1k session's is `large_ratio` (same target), and
+the transcript process's peak resident memory while serving those connects is
+`transcript_peak_rss_mib` (target: under 300 MiB). Either missing its target fails the run.
 """
 
 from __future__ import annotations
@@ -32,11 +37,13 @@ from typing import Any
 # (a package path, so that mypy resolves it the same way as the interpreter does).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import asyncpg
 from sqlalchemy import select
 
 from bench.bench_support import (
     MESSAGE_COLUMNS,
     BenchDatabase,
+    SyntheticMessage,
     TranscriptClient,
     big_vs_small,
     copy_messages,
@@ -46,11 +53,14 @@ from bench.bench_support import (
     log,
     noise_sessions,
     parse_args,
+    peak_rss_bytes,
+    reset_peak_rss,
     sample_rotating,
     throwaway_database,
     transcript_server,
 )
 from continuum.transcript.v1 import follow_pb2 as fpb
+from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum_runtime.capabilities import TRANSCRIPT_V2
 from continuum_transcript.follow import SNAPSHOT_PAGE
@@ -58,6 +68,10 @@ from continuum_transcript.tables import messages
 
 BIG_MESSAGES = 100_000
 SMALL_MESSAGES = 1_000
+# The large session: HUGE_MESSAGES tool results of HUGE_BYTES among BIG_MESSAGES small messages.
+HUGE_MESSAGES = 10
+HUGE_BYTES = 15 * 1024 * 1024
+PEAK_RSS_TARGET_MIB = 300
 # Messages per committed batch: each batch has its own commit_seq.
 BATCH = 50
 WARMUP_CALLS = 30
@@ -147,20 +161,56 @@ async def measure(client: TranscriptClient, big: Case, small: Case) -> dict[str,
     return await sample_rotating(calls, SAMPLES)
 
 
+def with_huge_results(rows: Iterator[tuple[Any, ...]], session_id: str, every: int) -> Iterator[tuple[Any, ...]]:
+    """`rows`, with every `every`-th row of `session_id` replaced by a HUGE_BYTES tool result."""
+    seen = 0
+    for row in rows:
+        if row[0] == session_id:
+            seen += 1
+            if seen % every == 0:
+                text = f"log {seen} " + "L" * HUGE_BYTES
+                huge = SyntheticMessage(pb.MESSAGE_ROLE_TOOL, text, [], "read-log", {})
+                row = huge.columns(session_id, row[8])
+        yield row
+
+
+async def measure_large(client: TranscriptClient, large: Case, small: Case) -> dict[str, Any]:
+    """Connects to the large session against the 1k one, and the server's peak memory meanwhile."""
+    calls = {case.label: functools.partial(connect, client, case) for case in (large, small)}
+    await calls[large.label]()  # binds the publisher
+    reset_peak_rss(client.server_pid)
+    samples = await sample_rotating(calls, SAMPLES // 3)
+    peak_mib = peak_rss_bytes(client.server_pid) / (1024 * 1024)
+    log(f"transcript peak RSS while following the large session: {peak_mib:.0f} MiB")
+    fields = big_vs_small(samples, large.label, small.label)
+    return {
+        "p50_large_ms": fields["p50_large_ms"],
+        "p95_large_ms": fields["p95_large_ms"],
+        "large_ratio": round(fields["value"] / fields["baseline"], 3),
+        "transcript_peak_rss_mib": round(peak_mib, 1),
+    }
+
+
 async def run(admin_url: str, seed: int) -> dict[str, Any]:
     """The whole benchmark in its own database; returns the result fields."""
     rng = random.Random(seed)
     async with throwaway_database(admin_url) as database, transcript_server(database) as client:
         big = Case("100k", await client.create_session("bench-big", "100k messages"), BIG_MESSAGES)
         small = Case("1k", await client.create_session("bench-small", "1k messages"), SMALL_MESSAGES)
+        large = Case("large", await client.create_session("bench-large", "over 200 MiB"), BIG_MESSAGES)
         sizes = {big.session_id: big.messages, small.session_id: small.messages, **await noise_sessions(client)}
-        rows = with_commit_seq(interleaved_rows(rng, sizes))
-        await copy_messages(database, sizes, rows, [*MESSAGE_COLUMNS, "commit_seq"])
+        sizes[large.session_id] = large.messages
+        rows = with_huge_results(interleaved_rows(rng, sizes), large.session_id, BIG_MESSAGES // HUGE_MESSAGES)
+        await copy_messages(database, sizes, with_commit_seq(rows), [*MESSAGE_COLUMNS, "commit_seq"])
         samples = await measure(client, big, small)
         await explain_case(database, big)
         await explain_case(database, small)
+        large_fields = await measure_large(client, large, small)
+        history_mib = await large_history_mib(database, large.session_id)
     return {
         **big_vs_small(samples, big.label, small.label),
+        **large_fields,
+        "large_history_mib": history_mib,
         "samples_per_case": SAMPLES,
         "snapshot_page": SNAPSHOT_PAGE,
         "messages_per_commit_seq": BATCH,
@@ -168,15 +218,28 @@ async def run(admin_url: str, seed: int) -> dict[str, Any]:
     }
 
 
+async def large_history_mib(database: BenchDatabase, session_id: str) -> float:
+    """The stored size of the large session's bodies."""
+    connection = await asyncpg.connect(database.raw_url, server_settings={"search_path": "transcript"})
+    try:
+        total = await connection.fetchval("SELECT sum(body_bytes) FROM messages WHERE session_id = $1", session_id)
+    finally:
+        await connection.close()
+    return round(int(total) / (1024 * 1024), 1)
+
+
 def main() -> None:
     """Run, then print the JSON result as the last line (after the database is dropped)."""
     args = parse_args((__doc__ or "").splitlines()[0])
     result = asyncio.run(run(args.database_url, args.seed))
+    large_met = result["large_ratio"] <= TARGET_RATIO and result["transcript_peak_rss_mib"] < PEAK_RSS_TARGET_MIB
     emit_result(
         metric="follow_connect_to_snapshot_end_p50_100k_vs_1k",
         target=TARGET_RATIO,
         unit="ms",
         higher_is_better=False,
+        valid=large_met,
+        peak_rss_target_mib=PEAK_RSS_TARGET_MIB,
         **result,
     )
 

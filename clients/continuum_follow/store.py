@@ -247,18 +247,19 @@ class RecordStore:
 
     def install_snapshot(self, snapshot: Snapshot) -> None:
         """Replace records, runtime state, prompts and active prefixes in one step."""
+        self._cursor = Cursor(snapshot.stream_generation, snapshot.seq)
+        self._has_older = snapshot.has_older
+        self._history = snapshot.history
         self._messages = {}
         self._tools = {}
+        self._settlements = {}
+        # After the cursor and history: a page larger than the store's limit evicts, and moves them.
         for message in snapshot.messages:
             self._put_message(message)
         self._runtime_state = _copy_state(snapshot.runtime_state)
         self._prompts = {prompt.prompt_id: prompt for prompt in snapshot.prompts}
         self._prefixes = {}
         self._install_prefixes(snapshot.prefixes)
-        self._settlements = {}
-        self._has_older = snapshot.has_older
-        self._history = snapshot.history
-        self._cursor = Cursor(snapshot.stream_generation, snapshot.seq)
         self._durable_seq = snapshot.durable_seq
         # A snapshot is read after the server flushed up to its cut, so any earlier failure is over.
         self.recovery_failure = None

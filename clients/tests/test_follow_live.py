@@ -290,6 +290,7 @@ async def test_a_store_keeps_only_its_newest_messages_and_pages_on_from_there(tm
         ids = await live.append(session, *[user(f"m{n}") for n in range(10)])
         client = live.follower(session, store=RecordStore(message_limit=4))
         async with following(client):
+            await eventually(lambda: client.store.live, what="the baseline")
             more = await live.append(session, *[user(f"n{n}") for n in range(6)])
             await eventually(lambda: more[-1] in client.store.messages, what="the live messages")
         store = client.store

@@ -439,3 +439,10 @@ def test_a_store_evicts_its_oldest_messages_beyond_its_limit() -> None:
     assert (store.history.before_message_id, store.history.snapshot_sequence) == (3, 3)
     with pytest.raises(ValueError, match="at least one"):
         RecordStore(message_limit=0)
+
+
+def test_a_snapshot_larger_than_the_store_keeps_its_newest_and_a_cursor_before_them() -> None:
+    store = RecordStore(message_limit=2)
+    apply_all(store, baseline(3, [message(1, "a"), message(2, "b"), message(3, "c")]))
+    assert texts(store) == ["b", "c"]
+    assert store.has_older and store.history is not None and store.history.before_message_id == 2
