@@ -245,11 +245,11 @@ def _request_body(operation: Operation, request: Descriptor, schemas: SchemaBuil
 def _responses(operation: Operation, schemas: SchemaBuilder) -> dict[str, Any]:
     responses: dict[str, Any] = {}
     content: dict[str, Any] = {}
-    response = operation.response
-    if isinstance(response, type) and issubclass(response, Message):
-        content = {_JSON: {"schema": schemas.message(descriptor_of(response), Direction.OUTPUT)}}
-    elif response is not None and not isinstance(response, type):
-        content = {_JSON: {"schema": response(schemas)}}
+    answer = operation.response
+    if isinstance(answer, type) and issubclass(answer, Message):
+        content = {operation.media_type: {"schema": schemas.message(descriptor_of(answer), Direction.OUTPUT)}}
+    elif answer is not None and not isinstance(answer, type):
+        content = {operation.media_type: {"schema": answer(schemas)}}
     headers = {
         name: {"description": text, "required": True, "schema": {"type": "string"}}
         for name, text in operation.response_headers.items()

@@ -46,7 +46,7 @@ def routes(document: ApiDocument) -> list[Resource]:
         return HTMLResponse(rendered[0])
 
     operation = Operation(
-        api_reference, response=lambda schemas: {"type": "string", "contentMediaType": "text/html"}, public=True
+        api_reference, response=lambda schemas: {"type": "string"}, media_type="text/html", public=True
     )
     return [Resource(REFERENCE_PATH, "reference", {"GET": operation})]
 

@@ -44,9 +44,9 @@ class Operation:
     ``"session.sessionId"``); `query_values` gives a parameter's friendly values for enum names.
     `headers` are request headers the route reads (name → description). `response` is the proto
     message the route answers as is, or a function building the schema of what it answers.
-    `statuses` describe the success statuses; `response_headers` the headers every success carries;
-    `errors` the error statuses worth naming (None: those of any route of its kind). `public` routes
-    need no token.
+    `media_type` is the success responses' content type; `statuses` describe the success statuses;
+    `response_headers` the headers every success carries; `errors` the error statuses worth naming
+    (None: those of any route of its kind). `public` routes need no token.
     """
 
     endpoint: Endpoint
@@ -57,6 +57,7 @@ class Operation:
     query_values: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     headers: Mapping[str, str] = field(default_factory=dict)
     response: type[Message] | ResponseSchema | None = None
+    media_type: str = "application/json"
     statuses: Mapping[int, str] = field(default_factory=lambda: {200: "OK"})
     response_headers: Mapping[str, str] = field(default_factory=dict)
     errors: Mapping[int, str] | None = None
