@@ -12,7 +12,7 @@ import asyncio
 import grpc
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from continuum_gateway.errors import REQUEST_TIMEOUT, GatewayError
+from continuum_gateway.errors import GatewayError
 
 
 def stalled(timeout: float) -> GatewayError:
@@ -20,7 +20,7 @@ def stalled(timeout: float) -> GatewayError:
     return GatewayError(
         grpc.StatusCode.DEADLINE_EXCEEDED,
         f"the request body stalled for {timeout:g} s",
-        reason=REQUEST_TIMEOUT,
+        reason="REQUEST_TIMEOUT",
         metadata={"timeout_seconds": f"{timeout:g}"},
     )
 

@@ -330,7 +330,7 @@ def _http_exception_error(exc: HTTPException) -> GatewayError:
     if exc.status_code == 404:
         return GatewayError(grpc.StatusCode.NOT_FOUND, "no such resource", reason="ROUTE_NOT_FOUND")
     if exc.status_code == 405:
-        return GatewayError(grpc.StatusCode.UNIMPLEMENTED, "method not allowed", reason=METHOD_NOT_ALLOWED)
+        return GatewayError(grpc.StatusCode.UNIMPLEMENTED, "method not allowed", reason="METHOD_NOT_ALLOWED")
     if exc.status_code < 500:
         return GatewayError(
             grpc.StatusCode.INVALID_ARGUMENT, exc.detail, reason="BAD_REQUEST", http_status=exc.status_code
