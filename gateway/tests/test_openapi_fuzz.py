@@ -51,9 +51,7 @@ async def served(
 ) -> AsyncIterator[LiveGateway]:
     """The gateway under uvicorn on a real socket, in front of the module's services."""
     data_dir = tmp_path_factory.mktemp("fuzzed-gateway")
-    async with live_gateway(
-        data_dir, transcript.port, compaction_address=f"127.0.0.1:{compaction.port}", body_timeout_seconds=5.0
-    ) as gateway:
+    async with live_gateway(data_dir, transcript.port, compaction_address=f"127.0.0.1:{compaction.port}") as gateway:
         yield gateway
 
 
