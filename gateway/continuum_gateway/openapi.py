@@ -168,12 +168,10 @@ def _operation(operation: Operation, route: Resource, schemas: SchemaBuilder) ->
             for name, text in operation.headers.items()
         ),
     ]
-    # Path parameters the route names but the request message does not carry (none today) still
-    # need declaring: OpenAPI requires every template variable.
-    declared = set(operation.path)
-    for name in route.param_convertors:
-        if name not in declared:
-            parameters.insert(0, {"name": name, "in": "path", "required": True, "schema": {"type": "string"}})
+    undeclared = set(route.param_convertors) - set(operation.path)
+    if undeclared:
+        # OpenAPI requires every template variable; so does `bind`, to fill the request from it.
+        raise ValueError(f"{operation.name}: path parameters {sorted(undeclared)} are not bound to request fields")
     result: dict[str, Any] = {"operationId": operation.name, "summary": summary.strip()}
     if description.strip():
         result["description"] = description.strip()

@@ -163,7 +163,7 @@ def _bind_mask(mask: Message, parameter: str, value: str) -> None:
 
 def refused_field(body: object, descriptor: Descriptor, path: str = "") -> FieldViolation:
     """The first field of `body` that proto JSON cannot parse into `descriptor`, as the body spelled it."""
-    if descriptor.full_name in _WELL_KNOWN_EXPECTED or descriptor.full_name.startswith("google.protobuf."):
+    if descriptor.full_name.startswith("google.protobuf."):
         return FieldViolation(path or "body", f"must be {_expected_message(descriptor)}")
     if not isinstance(body, dict):
         return FieldViolation(path or "body", "must be a JSON object")
