@@ -19,6 +19,8 @@ TARGET = ROOT / "protos" / "generated"
 # Third-party definitions our contracts import (google.api.field_behavior). Their Python code comes
 # from googleapis-common-protos, so they are on the include path but not generated here.
 VENDOR = SOURCES / "vendor"
+# Our files' descriptors with their comments (protoc's source info), read by the gateway's API reference.
+DESCRIPTOR_SET = Path("continuum") / "descriptor_set.binpb"
 
 
 def generate(out: Path) -> None:
@@ -40,6 +42,8 @@ def generate(out: Path) -> None:
         f"--grpc_python_out={out}",
         f"--mypy_out={out}",
         f"--mypy_grpc_out={out}",
+        f"--descriptor_set_out={out / DESCRIPTOR_SET}",
+        "--include_source_info",
         *proto_files,
     ]
     subprocess.run(command, check=True, cwd=SOURCES)

@@ -1,10 +1,13 @@
 """`create_app(settings)`: the gateway's Starlette application.
 
 Middleware, outermost first: Starlette's server-error guard, `AccessLogMiddleware` (log line,
-last-resort 500), `AuthMiddleware` (401 unless a known bearer token; on the Follow WebSocket also a
-bearer subprotocol), `BodyLimitMiddleware` (413), then Starlette's exception middleware with the
-handlers of `errors` (AIP-193 bodies for every expected failure). The Follow WebSocket handles its
-own failures (`follow`) and logs its own lines; the HTTP-only middleware lets it through.
+last-resort 500), Starlette's `CORSMiddleware` when origins are configured (outside authentication,
+so a preflight needs no token and a 401 still carries the CORS headers a browser needs to read it),
+`AuthMiddleware` (401 unless a known bearer token; on the Follow WebSocket also a bearer
+subprotocol), `BodyLimitMiddleware` (413), `BodyTimeoutMiddleware` (408), then Starlette's exception
+middleware with the handlers of `errors` (AIP-193 bodies for every expected failure). The Follow
+WebSocket handles its own failures (`follow`) and logs its own lines; the HTTP-only middleware lets it
+through.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.routing import BaseRoute
 
 from continuum_gateway import (
     capabilities,
@@ -23,14 +28,20 @@ from continuum_gateway import (
     follow_hub,
     health,
     messages,
+    openapi,
     outline,
+    reference,
     sessions,
     upstream,
 )
 from continuum_gateway.access_log import AccessLogMiddleware
 from continuum_gateway.auth import Authenticator, AuthMiddleware
 from continuum_gateway.body_limit import BodyLimitMiddleware
+from continuum_gateway.body_timeout import BodyTimeoutMiddleware
 from continuum_gateway.errors import exception_handlers
+from continuum_gateway.outline import CAPABILITIES_HEADER
+from continuum_gateway.proto_comments import ProtoComments
+from continuum_gateway.routing import Resource
 from continuum_gateway.settings import GatewaySettings
 
 logger = logging.getLogger("continuum.gateway")
@@ -55,26 +66,54 @@ def create_app(settings: GatewaySettings) -> Starlette:
             finally:
                 await hubs.close()
 
+    routes: list[BaseRoute] = [
+        *health.ROUTES,
+        *capabilities.ROUTES,
+        *sessions.ROUTES,
+        *messages.ROUTES,
+        *outline.ROUTES,
+        *compaction.ROUTES,
+        *follow.routes(settings),
+    ]
+    api = openapi.ApiDocument(lambda: routes, ProtoComments.load())
+    routes += [*openapi.routes(api), *reference.routes(api)]
+    open_paths = [
+        route.path
+        for route in routes
+        if isinstance(route, Resource) and all(o.public for o in route.operations.values())
+    ]
     return Starlette(
-        routes=[
-            *health.ROUTES,
-            *capabilities.ROUTES,
-            *sessions.ROUTES,
-            *messages.ROUTES,
-            *outline.ROUTES,
-            *compaction.ROUTES,
-            *follow.routes(settings),
-        ],
+        routes=routes,
         middleware=[
             Middleware(AccessLogMiddleware),
+            *_cors(settings),
             Middleware(
                 AuthMiddleware,
                 authenticator=Authenticator(tokens),
+                open_paths=open_paths,
                 subprotocol_paths=[follow.FOLLOW_PATH_PATTERN],
                 subprotocols=[follow.FOLLOW_SUBPROTOCOL],
             ),
             Middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes),
+            Middleware(BodyTimeoutMiddleware, timeout=settings.body_timeout_seconds),
         ],
         exception_handlers=exception_handlers(),
         lifespan=lifespan,
     )
+
+
+def _cors(settings: GatewaySettings) -> list[Middleware]:
+    """Cross-origin access for the configured browser origins only (none: no CORS headers at all)."""
+    if not settings.allowed_origins:
+        return []
+    return [
+        Middleware(
+            CORSMiddleware,
+            allow_origins=settings.allowed_origins,
+            allow_methods=["GET", "POST", "PATCH", "DELETE"],
+            allow_headers=["Authorization", "Content-Type", CAPABILITIES_HEADER],
+            # Scripts may read these response headers too (the rest are CORS-safelisted).
+            expose_headers=["Location", "WWW-Authenticate"],
+            max_age=600,
+        )
+    ]

@@ -1,7 +1,8 @@
 """Browser authentication: `Authorization: Bearer <token>` of a configured user → that user's id.
 
-`AuthMiddleware` refuses every request outside `OPEN_PATHS` that does not carry a known token, so a
-route cannot forget to authenticate. Routes read the user with `acting_user(request)` and pass it to
+`AuthMiddleware` refuses every request outside its open paths (the routes whose operations are all
+`public`: the probes and the API reference) that does not carry a known token, so a route cannot
+forget to authenticate. Routes read the user with `acting_user(request)` and pass it to
 the services, which decide ownership themselves.
 
 WebSocket handshakes are authenticated the same way, with one addition because browsers cannot set
@@ -27,7 +28,7 @@ import contextlib
 import hashlib
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -39,8 +40,6 @@ from continuum_gateway.errors import DOMAIN, body_close_code, body_response, err
 
 logger = logging.getLogger("continuum.gateway")
 
-# Probes answer without credentials.
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 # Where the middleware leaves the authenticated user for the route (an ASGI scope extension key).
 _USER_SCOPE_KEY = "continuum.user"
 # A WebSocket subprotocol carrying a bearer token: this prefix, then the token in unpadded base64url.
@@ -99,8 +98,9 @@ def _unauthenticated_body() -> dict[str, Any]:
 class AuthMiddleware:
     """Pure ASGI middleware: 401 (AIP-193, status UNAUTHENTICATED) unless the bearer token is known.
 
-    `subprotocol_paths` are the WebSocket paths (as compiled route patterns) where a bearer
-    subprotocol is accepted in place of the Authorization header; nowhere else is it.
+    `open_paths` answer without a token (HTTP only). `subprotocol_paths` are the WebSocket paths (as
+    compiled route patterns) where a bearer subprotocol is accepted in place of the Authorization
+    header; nowhere else is it.
     `subprotocols` are the application subprotocols the gateway's WebSocket routes select; a refused
     WebSocket selects one of them too, or a browser would drop the connection before the error.
     """
@@ -109,17 +109,19 @@ class AuthMiddleware:
         self,
         app: ASGIApp,
         authenticator: Authenticator,
+        open_paths: Collection[str] = (),
         subprotocol_paths: Sequence[re.Pattern[str]] = (),
         subprotocols: Sequence[str] = (),
     ) -> None:
         self.app = app
         self.authenticator = authenticator
+        self.open_paths = frozenset(open_paths)
         self.subprotocol_paths = tuple(subprotocol_paths)
         self.subprotocols = frozenset(subprotocols)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Authenticate HTTP requests outside `OPEN_PATHS` and every WebSocket handshake."""
-        if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS:
+        """Authenticate HTTP requests outside `open_paths` and every WebSocket handshake."""
+        if scope["type"] not in ("http", "websocket") or (scope["type"] == "http" and scope["path"] in self.open_paths):
             await self.app(scope, receive, send)
             return
         user = self.authenticator.user_for(Headers(scope=scope).get("authorization"))
@@ -157,7 +159,7 @@ def acting_user(request: HTTPConnection) -> str:
     """The authenticated user of a request (or WebSocket) that passed `AuthMiddleware`."""
     user = request.scope.get(_USER_SCOPE_KEY)
     if not isinstance(user, str):
-        # Only reachable if a route under OPEN_PATHS asks for a user: a programming error.
+        # Only reachable if an open route asks for a user: a programming error.
         raise RuntimeError("acting_user() called on a request that was not authenticated")
     return user
 

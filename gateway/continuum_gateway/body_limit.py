@@ -14,13 +14,12 @@ from continuum_gateway.errors import GatewayError
 
 
 def too_large(max_bytes: int) -> GatewayError:
-    """The refusal of a body over `max_bytes`."""
+    """The refusal of a body over `max_bytes` (413, from the reason)."""
     return GatewayError(
         grpc.StatusCode.INVALID_ARGUMENT,
         f"request body exceeds {max_bytes} bytes",
         reason="REQUEST_TOO_LARGE",
         metadata={"max_bytes": str(max_bytes)},
-        http_status=413,
     )
 
 

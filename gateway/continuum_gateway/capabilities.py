@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
+from continuum_gateway.proto_schema import JsonSchema, SchemaBuilder
+from continuum_gateway.routing import Operation, resource
 from continuum_runtime.capabilities import COMPACTION_V1, HISTORY_OUTLINE_V1, TRANSCRIPT_V2
 
 ADVERTISED = (TRANSCRIPT_V2, HISTORY_OUTLINE_V1, COMPACTION_V1)
@@ -29,4 +30,17 @@ async def list_capabilities(request: Request) -> Response:
     return JSONResponse({"capabilities": list(ADVERTISED)})
 
 
-ROUTES = [Route("/v1/capabilities", list_capabilities, methods=["GET"], name="capabilities")]
+def capabilities_schema(schemas: SchemaBuilder) -> JsonSchema:
+    """What `list_capabilities` answers."""
+    names = {"type": "string", "enum": list(ADVERTISED)}
+    return {
+        "type": "object",
+        "properties": {"capabilities": {"type": "array", "items": names}},
+        "required": ["capabilities"],
+        "additionalProperties": False,
+    }
+
+
+ROUTES = [
+    resource("/v1/capabilities", "capabilities", {"GET": Operation(list_capabilities, response=capabilities_schema)})
+]

@@ -39,15 +39,21 @@ table, in full:
     UNAUTHENTICATED           401    4401
     ========================  =====  ==========
 
-One refusal is more precise than its code: reason UPGRADE_REQUIRED (FAILED_PRECONDITION: the peer
-lacks a required capability such as ``transcript-v2``) is HTTP 426 and close code 4426.
+A few refusals are more precise than their code (`REASON_HTTP_STATUS`): reason UPGRADE_REQUIRED
+(FAILED_PRECONDITION: the peer lacks a required capability such as ``transcript-v2``) is HTTP 426
+and close code 4426; REQUEST_TOO_LARGE (INVALID_ARGUMENT) is 413; REQUEST_TIMEOUT
+(DEADLINE_EXCEEDED: the client's body stalled) is 408; METHOD_NOT_ALLOWED (UNIMPLEMENTED) is 405.
+
+A BadRequest relayed from a service names fields by proto name (``page_token``); the gateway names
+them as the HTTP request spelled them (`UpstreamError.field_name`, set by the route: ``pageToken``,
+a path parameter by its route name).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import grpc
@@ -93,8 +99,19 @@ WEBSOCKET_CLOSE_CODE: Mapping[grpc.StatusCode, int] = {
 
 # The peer lacks a capability this call needs (e.g. `transcript-v2`); there is no legacy fallback.
 UPGRADE_REQUIRED = "UPGRADE_REQUIRED"
+# The request body is over the gateway's limit.
+REQUEST_TOO_LARGE = "REQUEST_TOO_LARGE"
+# The request body stopped arriving.
+REQUEST_TIMEOUT = "REQUEST_TIMEOUT"
+# The route exists, but not with this method.
+METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
 # ErrorInfo reasons with a more precise answer than their gRPC code's, in both tables.
-REASON_HTTP_STATUS: Mapping[str, int] = {UPGRADE_REQUIRED: 426}
+REASON_HTTP_STATUS: Mapping[str, int] = {
+    UPGRADE_REQUIRED: 426,
+    REQUEST_TOO_LARGE: 413,
+    REQUEST_TIMEOUT: 408,
+    METHOD_NOT_ALLOWED: 405,
+}
 REASON_CLOSE_CODE: Mapping[str, int] = {reason: 4000 + status for reason, status in REASON_HTTP_STATUS.items()}
 
 
@@ -111,8 +128,8 @@ def close_code_for(code: grpc.StatusCode, reason: str = "") -> int:
 class GatewayError(Exception):
     """A failure the gateway detects itself, described the way a service would describe it.
 
-    `http_status` overrides the table only where HTTP has a more precise answer than any gRPC code
-    (405 Method Not Allowed, 413 Content Too Large).
+    `http_status` overrides the tables only for refusals the HTTP layer words itself (a malformed
+    header's 400, whatever Starlette answered).
     """
 
     def __init__(
@@ -160,13 +177,25 @@ class GatewayError(Exception):
         return body_response(self.body())
 
 
-class UpstreamError(Exception):
-    """A call to a service failed; `upstream` names the service (e.g. "transcript")."""
+def _as_written(field: str) -> str:
+    return field
 
-    def __init__(self, upstream: str, error: grpc.aio.AioRpcError) -> None:
+
+class UpstreamError(Exception):
+    """A call to a service failed; `upstream` names the service (e.g. "transcript").
+
+    `field_name` turns a field path of the service's BadRequest (``session.working_directory``)
+    into the client's name of that field (``session.workingDirectory``); by default paths are relayed
+    as the service wrote them.
+    """
+
+    def __init__(
+        self, upstream: str, error: grpc.aio.AioRpcError, field_name: Callable[[str], str] = _as_written
+    ) -> None:
         super().__init__(f"{upstream} call failed with {error.code().name}")
         self.upstream = upstream
         self.error = error
+        self.field_name = field_name
 
 
 def error_body(
@@ -260,13 +289,19 @@ def upstream_error_body(failure: UpstreamError) -> dict[str, Any]:
             "upstream refused call",
             extra={"upstream": upstream, "code": details.code.name, "reason": details.reason},
         )
+        violations = [FieldViolation(failure.field_name(v.field), v.description) for v in details.violations]
+        message = details.message
+        for written, named in zip(details.violations, violations, strict=True):
+            # Services word a refusal "<field>: <description>"; the message names the field as the body does.
+            if message.startswith(f"{written.field}: "):
+                message = named.field + message[len(written.field) :]
         return error_body(
             details.code,
-            details.message,
+            message,
             reason=details.reason,
             domain=details.domain,
             metadata=details.metadata,
-            violations=details.violations,
+            violations=violations,
         )
     logger.warning("upstream call failed", extra={"upstream": upstream, "code": details.code.name})
     if details.code == grpc.StatusCode.UNAVAILABLE:
@@ -295,9 +330,7 @@ def _http_exception_error(exc: HTTPException) -> GatewayError:
     if exc.status_code == 404:
         return GatewayError(grpc.StatusCode.NOT_FOUND, "no such resource", reason="ROUTE_NOT_FOUND")
     if exc.status_code == 405:
-        return GatewayError(
-            grpc.StatusCode.UNIMPLEMENTED, "method not allowed", reason="METHOD_NOT_ALLOWED", http_status=405
-        )
+        return GatewayError(grpc.StatusCode.UNIMPLEMENTED, "method not allowed", reason="METHOD_NOT_ALLOWED")
     if exc.status_code < 500:
         return GatewayError(
             grpc.StatusCode.INVALID_ARGUMENT, exc.detail, reason="BAD_REQUEST", http_status=exc.status_code

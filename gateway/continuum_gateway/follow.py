@@ -176,6 +176,13 @@ def parse_hello(text: str, session_id: str) -> transcript_service_pb2.FollowRequ
             json_format.ParseDict(resume, request.resume)
         except json_format.ParseError as error:
             raise GatewayError.invalid_argument("resume", str(error), reason="INVALID_HELLO") from None
+        # Cursors count up from 0; REST refuses a negative one too (e.g. messages:page's pin).
+        for field in request.resume.DESCRIPTOR.fields:
+            value = getattr(request.resume, field.name)
+            if isinstance(value, int) and value < 0:
+                raise GatewayError.invalid_argument(
+                    f"resume.{field.json_name}", "must not be negative", reason="INVALID_HELLO"
+                )
     return request
 
 

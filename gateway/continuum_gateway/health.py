@@ -12,10 +12,11 @@ from __future__ import annotations
 import grpc
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from continuum_gateway.errors import DOMAIN, error_response
-from continuum_gateway.upstream import SERVING, upstreams_of
+from continuum_gateway.proto_schema import JsonSchema, SchemaBuilder
+from continuum_gateway.routing import Operation, resource
+from continuum_gateway.upstream import COMPACTION, SERVING, TRANSCRIPT, upstreams_of
 
 
 async def healthz(request: Request) -> Response:
@@ -38,4 +39,38 @@ async def readyz(request: Request) -> Response:
     )
 
 
-ROUTES = [Route("/healthz", healthz, methods=["GET"]), Route("/readyz", readyz, methods=["GET"])]
+_OK: JsonSchema = {"type": "string", "const": "ok"}
+
+
+def healthz_schema(schemas: SchemaBuilder) -> JsonSchema:
+    """What `healthz` answers."""
+    return {"type": "object", "properties": {"status": _OK}, "required": ["status"], "additionalProperties": False}
+
+
+def readyz_schema(schemas: SchemaBuilder) -> JsonSchema:
+    """What `readyz` answers when ready."""
+    upstreams = {"type": "object", "properties": {name: {"type": "string"} for name in (TRANSCRIPT, COMPACTION)}}
+    return {
+        "type": "object",
+        "properties": {"status": _OK, "upstreams": upstreams},
+        "required": ["status", "upstreams"],
+        "additionalProperties": False,
+    }
+
+
+ROUTES = [
+    resource("/healthz", "healthz", {"GET": Operation(healthz, response=healthz_schema, errors={}, public=True)}),
+    resource(
+        "/readyz",
+        "readyz",
+        {
+            "GET": Operation(
+                readyz,
+                response=readyz_schema,
+                statuses={200: "Every upstream is SERVING."},
+                errors={503: "An upstream is not ready; the ErrorInfo metadata gives each upstream's status."},
+                public=True,
+            )
+        },
+    ),
+]

@@ -24,7 +24,8 @@ from starlette.responses import Response, StreamingResponse
 
 from continuum.transcript.v1 import resources_pb2, transcript_service_pb2
 from continuum_gateway.auth import acting_user
-from continuum_gateway.protojson import bind_path, to_json
+from continuum_gateway.protojson import to_json
+from continuum_gateway.routing import bind
 from continuum_gateway.upstream import upstreams_of
 
 
@@ -95,11 +96,7 @@ async def message_json(header: resources_pb2.Message, reading: Any) -> AsyncIter
 
 async def get_message(request: Request) -> Response:
     """One message by id, deleted or not, streamed as it is read."""
-    ids = bind_path(
-        request,
-        transcript_service_pb2.GetMessageRequest(session_id=request.path_params["session_id"]),
-        {"message_id": "messageId"},
-    )
+    ids = await bind(request, transcript_service_pb2.GetMessageRequest())
     upstreams = upstreams_of(request)
     stream_request = transcript_service_pb2.StreamMessageRequest(session_id=ids.session_id, message_id=ids.message_id)
     call = contextlib.AsyncExitStack()

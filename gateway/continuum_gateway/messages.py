@@ -29,8 +29,8 @@ from starlette.responses import Response
 
 from continuum.transcript.v1 import transcript_service_pb2
 from continuum_gateway import message_body
-from continuum_gateway.protojson import bind_path, bind_query, json_response, parse_body
-from continuum_gateway.routing import resource
+from continuum_gateway.protojson import json_response
+from continuum_gateway.routing import Operation, bind, resource
 from continuum_gateway.upstream import call_transcript
 
 _DIRECTIONS = {"older": "PAGE_DIRECTION_OLDER", "newer": "PAGE_DIRECTION_NEWER"}
@@ -38,54 +38,95 @@ _DIRECTIONS = {"older": "PAGE_DIRECTION_OLDER", "newer": "PAGE_DIRECTION_NEWER"}
 
 async def append_messages(request: Request) -> Response:
     """Append a batch of messages atomically; answers the stored messages with their ids."""
-    message = await parse_body(request, transcript_service_pb2.AppendMessagesRequest())
-    # The path names the session, whatever the body says.
-    message.session_id = request.path_params["session_id"]
+    message = await bind(request, transcript_service_pb2.AppendMessagesRequest())
     return json_response(await call_transcript(request, lambda t: t.AppendMessages, message))
 
 
 async def list_messages_after(request: Request) -> Response:
     """Live messages with ids above `after` (0 or absent: from the start), paged."""
-    message = bind_query(
-        request,
-        transcript_service_pb2.ListMessagesAfterRequest(session_id=request.path_params["session_id"]),
-        {"after": "afterMessageId", "pageSize": "pageSize", "pageToken": "pageToken"},
-    )
+    message = await bind(request, transcript_service_pb2.ListMessagesAfterRequest())
     return json_response(await call_transcript(request, lambda t: t.ListMessagesAfter, message))
 
 
 async def list_message_page(request: Request) -> Response:
     """A page of live messages older or newer than `anchor` (absent: the latest page), optionally pinned."""
-    message = bind_query(
-        request,
-        transcript_service_pb2.ListMessagePageRequest(session_id=request.path_params["session_id"]),
-        {
-            "anchor": "anchorMessageId",
-            "direction": "direction",
-            "pageSize": "pageSize",
-            "streamGeneration": "streamGeneration",
-            "snapshotSequence": "snapshotSequence",
-        },
-        values={"direction": _DIRECTIONS},
-    )
+    message = await bind(request, transcript_service_pb2.ListMessagePageRequest())
     return json_response(await call_transcript(request, lambda t: t.ListMessagePage, message))
 
 
 async def edit_user_message(request: Request) -> Response:
     """Replace a USER message's content; every later message of the session is deleted."""
-    message = await parse_body(request, transcript_service_pb2.EditUserMessageRequest())
-    message.session_id = request.path_params["session_id"]
-    bind_path(request, message, {"message_id": "messageId"})
+    message = await bind(request, transcript_service_pb2.EditUserMessageRequest())
     return json_response(await call_transcript(request, lambda t: t.EditUserMessage, message))
 
+
+_SESSION_ID = {"session_id": "sessionId"}
+_MESSAGE_ID = {**_SESSION_ID, "message_id": "messageId"}
 
 ROUTES = [
     resource(
         "/v1/sessions/{session_id}/messages",
         "messages",
-        {"POST": append_messages, "GET": list_messages_after},
+        {
+            "POST": Operation(
+                append_messages,
+                request=transcript_service_pb2.AppendMessagesRequest,
+                body="*",
+                path=_SESSION_ID,
+                response=transcript_service_pb2.AppendMessagesResponse,
+            ),
+            "GET": Operation(
+                list_messages_after,
+                request=transcript_service_pb2.ListMessagesAfterRequest,
+                path=_SESSION_ID,
+                query={"after": "afterMessageId", "pageSize": "pageSize", "pageToken": "pageToken"},
+                response=transcript_service_pb2.ListMessagesAfterResponse,
+            ),
+        },
     ),
-    resource("/v1/sessions/{session_id}/messages:page", "message_page", {"GET": list_message_page}),
-    resource("/v1/sessions/{session_id}/messages/{message_id}", "message", {"GET": message_body.get_message}),
-    resource("/v1/sessions/{session_id}/messages/{message_id}:edit", "message_edit", {"POST": edit_user_message}),
+    resource(
+        "/v1/sessions/{session_id}/messages:page",
+        "message_page",
+        {
+            "GET": Operation(
+                list_message_page,
+                request=transcript_service_pb2.ListMessagePageRequest,
+                path=_SESSION_ID,
+                query={
+                    "anchor": "anchorMessageId",
+                    "direction": "direction",
+                    "pageSize": "pageSize",
+                    "streamGeneration": "streamGeneration",
+                    "snapshotSequence": "snapshotSequence",
+                },
+                query_values={"direction": _DIRECTIONS},
+                response=transcript_service_pb2.ListMessagePageResponse,
+            )
+        },
+    ),
+    resource(
+        "/v1/sessions/{session_id}/messages/{message_id}",
+        "message",
+        {
+            "GET": Operation(
+                message_body.get_message,
+                request=transcript_service_pb2.GetMessageRequest,
+                path=_MESSAGE_ID,
+                response=transcript_service_pb2.GetMessageResponse,
+            )
+        },
+    ),
+    resource(
+        "/v1/sessions/{session_id}/messages/{message_id}:edit",
+        "message_edit",
+        {
+            "POST": Operation(
+                edit_user_message,
+                request=transcript_service_pb2.EditUserMessageRequest,
+                body="*",
+                path=_MESSAGE_ID,
+                response=transcript_service_pb2.EditUserMessageResponse,
+            )
+        },
+    ),
 ]

@@ -28,15 +28,17 @@ lowercase form of the proto's PinStatus. Malformed parameters are 400 like every
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from continuum.transcript.v1 import transcript_service_pb2
 from continuum_gateway.errors import GatewayError
-from continuum_gateway.protojson import bind_query, to_json
+from continuum_gateway.proto_schema import Direction, JsonSchema, SchemaBuilder, component_name
+from continuum_gateway.protojson import to_json
+from continuum_gateway.routing import Operation, bind, resource
 from continuum_gateway.upstream import call_transcript
 from continuum_runtime.capabilities import HISTORY_OUTLINE_V1
 
@@ -60,17 +62,7 @@ def outline_json(response: transcript_service_pb2.GetHistoryOutlineResponse) -> 
 
 async def history_outline(request: Request) -> Response:
     """A page of the session's turn directory, pinned to the first page's cut when asked."""
-    message = bind_query(
-        request,
-        transcript_service_pb2.GetHistoryOutlineRequest(),
-        {
-            "sessionId": "sessionId",
-            "startTurn": "startTurn",
-            "limit": "limit",
-            "generation": "streamGeneration",
-            "snapshotSequence": "snapshotSequence",
-        },
-    )
+    message = await bind(request, transcript_service_pb2.GetHistoryOutlineRequest())
     if not message.session_id:
         raise GatewayError.invalid_argument("sessionId", "is required")
     if HISTORY_OUTLINE_V1 in advertised_capabilities(request):
@@ -81,4 +73,48 @@ async def history_outline(request: Request) -> Response:
     return JSONResponse(outline_json(response))
 
 
-ROUTES = [Route("/session-history/outline", history_outline, methods=["GET"], name="history_outline")]
+def outline_schema(schemas: SchemaBuilder) -> JsonSchema:
+    """What `history_outline` answers: GetHistoryOutlineResponse with the seed's names (`outline_json`)."""
+    descriptor = transcript_service_pb2.GetHistoryOutlineResponse.DESCRIPTOR
+    schemas.message(descriptor, Direction.OUTPUT)
+    schema = copy.deepcopy(schemas.components[component_name(descriptor, Direction.OUTPUT)])
+    properties = schema["properties"]
+    properties["generation"] = properties.pop("streamGeneration")
+    schema["required"] = ["generation" if name == "streamGeneration" else name for name in schema["required"]]
+    statuses = [
+        value.name.removeprefix(_PIN_STATUS_PREFIX).lower()
+        for value in transcript_service_pb2.PinStatus.DESCRIPTOR.values
+    ]
+    properties["status"] = {
+        "type": "string",
+        "enum": statuses,
+        "description": "`ok`; `stale` (the pinned generation is gone: re-follow for a fresh baseline); "
+        f"`unsupported` (the request did not advertise {HISTORY_OUTLINE_V1}).",
+    }
+    return schema
+
+
+ROUTES = [
+    resource(
+        "/session-history/outline",
+        "history_outline",
+        {
+            "GET": Operation(
+                history_outline,
+                request=transcript_service_pb2.GetHistoryOutlineRequest,
+                query={
+                    "sessionId": "sessionId",
+                    "startTurn": "startTurn",
+                    "limit": "limit",
+                    "generation": "streamGeneration",
+                    "snapshotSequence": "snapshotSequence",
+                },
+                headers={
+                    CAPABILITIES_HEADER: f"Capabilities the client speaks, comma-separated; `{HISTORY_OUTLINE_V1}` "
+                    'for an outline (without it the answer is `"status": "unsupported"`).'
+                },
+                response=outline_schema,
+            )
+        },
+    )
+]

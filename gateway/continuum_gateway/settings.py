@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from continuum_runtime.auth import USER_ID_PATTERN
 
@@ -45,6 +48,12 @@ class GatewaySettings(BaseSettings):
     readiness_timeout_seconds: float = Field(default=1.0, gt=0)
     # Largest request body accepted; above transcript's 48 MiB append batch with room for JSON overhead.
     max_request_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    # How long the gateway waits for the next piece of a request body before answering 408.
+    body_timeout_seconds: float = Field(default=30.0, gt=0)
+    # Browser origins allowed to call the API from their pages (CORS), e.g.
+    # GATEWAY_ALLOWED_ORIGINS=https://console.example.com,http://localhost:5173 (or a JSON list).
+    # None by default: only same-origin pages and non-browser clients.
+    allowed_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # Largest gRPC message exchanged with a service (a message page can reach about 16 MiB).
     grpc_max_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
     # How long requests in flight may take to finish after SIGINT or SIGTERM.
@@ -69,6 +78,23 @@ class GatewaySettings(BaseSettings):
     # frame is converted to JSON once for all of them (see `continuum_gateway.follow_hub`). Off: one
     # upstream stream per browser, as resuming browsers always have.
     follow_share_upstreams: bool = True
+
+    @field_validator("allowed_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: object) -> object:
+        if isinstance(value, str):
+            text = value.strip()
+            return json.loads(text) if text.startswith("[") else [o.strip() for o in text.split(",") if o.strip()]
+        return value
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _check_origins(cls, origins: list[str]) -> list[str]:
+        for origin in origins:
+            # CORS compares origins exactly: a path or trailing slash would never match a browser's.
+            if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+                raise ValueError(f"GATEWAY_ALLOWED_ORIGINS: {origin!r} is not an origin such as https://host:port")
+        return origins
 
     @model_validator(mode="after")
     def _check_users(self) -> GatewaySettings:

@@ -181,10 +181,14 @@ async def test_bad_input_is_400_naming_the_field(gateway: httpx.AsyncClient) -> 
     gateway_cases: list[tuple[httpx.Response, str, str]] = [
         (await gateway.post(compact_now, headers=ALICE, content=b"{not json"), "body", "INVALID_JSON"),
         (await gateway.post(compact_now, headers=ALICE, json=[1]), "body", "INVALID_JSON"),
-        (await gateway.post(compact_now, headers=ALICE, json={"contextWindow": 1}), "body", "INVALID_ARGUMENT"),
+        (
+            await gateway.post(compact_now, headers=ALICE, json={"contextWindow": 1}),
+            "contextWindow",
+            "INVALID_ARGUMENT",
+        ),
         (
             await gateway.post(compact_now, headers=ALICE, json={"contextWindowTokens": "lots"}),
-            "body",
+            "contextWindowTokens",
             "INVALID_ARGUMENT",
         ),
         (await gateway.post(compact_now, headers=ALICE, params={"force": "1"}), "force", "INVALID_ARGUMENT"),
@@ -200,27 +204,29 @@ async def test_bad_input_is_400_naming_the_field(gateway: httpx.AsyncClient) -> 
         error = assert_error(response, 400, "INVALID_ARGUMENT", reason)
         assert error["details"][0]["domain"] == "gateway.continuum", error
         assert [v["field"] for v in violations(error)] == [field], error
-    # Refused by compaction, and relayed as it wrote them.
+    # Refused by compaction, and relayed naming the fields as the request did (camelCase; the path
+    # parameter by its route name).
     invalid = "INVALID_ARGUMENT"
     service_cases: list[tuple[httpx.Response, str, str]] = [
         (
             await gateway.post(compact_now, headers=ALICE, json={"contextWindowTokens": -5}),
-            "context_window_tokens",
+            "contextWindowTokens",
             invalid,
         ),
         (
             await gateway.post(compact_now, headers=ALICE, json={"contextWindowTokens": 10}),
-            "context_window_tokens",
+            "contextWindowTokens",
             invalid,
         ),
-        (await gateway.get(events, headers=ALICE, params={"pageSize": "-1"}), "page_size", invalid),
-        (await gateway.get(events, headers=ALICE, params={"pageToken": "forged"}), "page_token", "PAGE_TOKEN_INVALID"),
+        (await gateway.get(events, headers=ALICE, params={"pageSize": "-1"}), "pageSize", invalid),
+        (await gateway.get(events, headers=ALICE, params={"pageToken": "forged"}), "pageToken", "PAGE_TOKEN_INVALID"),
         (await gateway.get("/v1/sessions/not%20an%20id/compaction", headers=ALICE), "session_id", invalid),
     ]
     for response, field, reason in service_cases:
         error = assert_error(response, 400, "INVALID_ARGUMENT", reason)
         assert error["details"][0]["domain"] == "compaction.continuum", error
         assert [v["field"] for v in violations(error)] == [field], error
+    assert service_cases[0][0].json()["error"]["message"].startswith("contextWindowTokens: ")
     assert "between 1024 and" in service_cases[0][0].json()["error"]["message"]
     # Nothing was compacted by the refused calls.
     assert (await gateway.get(summary, headers=ALICE)).json() == {"data": None}

@@ -16,16 +16,19 @@ from grpc_status import rpc_status
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from continuum.gateway.v1 import error_reason_pb2 as gateway_reasons
 from continuum_gateway.access_log import AccessLogMiddleware
 from continuum_gateway.app import create_app
 from continuum_gateway.errors import (
     HTTP_STATUS,
+    REASON_HTTP_STATUS,
     WEBSOCKET_CLOSE_CODE,
     GatewayError,
     UpstreamError,
     body_close_code,
     close_code_for,
     error_body,
+    http_status_for,
     upstream_error_body,
     upstream_error_response,
 )
@@ -271,3 +274,12 @@ async def test_bad_json_is_refused_by_the_gateway_before_any_upstream_call(offli
     response = await offline_gateway.post("/v1/sessions", headers=bearer(ALICE_TOKEN), json={"titel": "typo"})
     error = assert_error(response, 400, "INVALID_ARGUMENT", "INVALID_ARGUMENT")
     assert "titel" in error["message"]
+
+
+def test_reasons_more_precise_than_their_code_have_their_own_status() -> None:
+    assert http_status_for(grpc.StatusCode.DEADLINE_EXCEEDED, "REQUEST_TIMEOUT") == 408
+    assert http_status_for(grpc.StatusCode.DEADLINE_EXCEEDED) == 504
+    assert http_status_for(grpc.StatusCode.INVALID_ARGUMENT, "REQUEST_TOO_LARGE") == 413
+    assert http_status_for(grpc.StatusCode.UNIMPLEMENTED, "METHOD_NOT_ALLOWED") == 405
+    # Every such reason is one the gateway's contract names.
+    assert set(REASON_HTTP_STATUS) <= set(gateway_reasons.ErrorReason.keys())

@@ -240,6 +240,14 @@ async def test_a_hello_without_transcript_v2_is_told_to_upgrade(
         ('{"type": "hello", "capabilities": ["transcript-v2", 7]}', "capabilities"),
         ('{"type": "hello", "capabilities": ["transcript-v2"], "resume": {"seq": "x"}}', "resume"),
         ('{"type": "hello", "capabilities": ["transcript-v2"], "resume": 3}', "resume"),
+        (
+            '{"type": "hello", "capabilities": ["transcript-v2"], "resume": {"streamGeneration": "-1", "seq": "0"}}',
+            "resume.streamGeneration",
+        ),
+        (
+            '{"type": "hello", "capabilities": ["transcript-v2"], "resume": {"streamGeneration": "1", "seq": -2}}',
+            "resume.seq",
+        ),
         (b'{"type": "hello", "capabilities": ["transcript-v2"]}', "hello"),
     ],
     ids=[
@@ -251,6 +259,8 @@ async def test_a_hello_without_transcript_v2_is_told_to_upgrade(
         "not-string",
         "bad-cursor",
         "bad-resume",
+        "negative-stream-generation",
+        "negative-seq",
         "binary",
     ],
 )

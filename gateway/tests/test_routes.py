@@ -230,8 +230,11 @@ async def test_bad_bodies_and_parameters_are_400(gateway: httpx.AsyncClient) -> 
     messages = f"/v1/sessions/{session_id}/messages"
     cases: list[tuple[httpx.Response, str]] = [
         (await gateway.post(messages, headers=ALICE, content=b"{not json"), "body"),
-        (await gateway.post(messages, headers=ALICE, json={"messages": [{"role": "MESSAGE_ROLE_NOPE"}]}), "body"),
-        (await gateway.post(messages, headers=ALICE, json={"mesages": []}), "body"),
+        (
+            await gateway.post(messages, headers=ALICE, json={"messages": [{"role": "MESSAGE_ROLE_NOPE"}]}),
+            "messages[0].role",
+        ),
+        (await gateway.post(messages, headers=ALICE, json={"mesages": []}), "mesages"),
         (await gateway.get(messages, headers=ALICE, params={"after": "seven"}), "after"),
         (await gateway.get(messages, headers=ALICE, params={"after": "99999999999999999999"}), "after"),
         (await gateway.get(messages, headers=ALICE, params={"afterr": "1"}), "afterr"),
@@ -241,7 +244,7 @@ async def test_bad_bodies_and_parameters_are_400(gateway: httpx.AsyncClient) -> 
         (await gateway.get(f"{messages}/7:edit", headers=ALICE), "message_id"),
         (
             await gateway.patch(
-                f"/v1/sessions/{session_id}", headers=ALICE, params={"updateMask": "working_directory"}, json={}
+                f"/v1/sessions/{session_id}", headers=ALICE, params={"updateMask": "working directory"}, json={}
             ),
             "updateMask",
         ),
