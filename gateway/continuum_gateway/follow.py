@@ -85,6 +85,7 @@ from continuum_gateway.errors import (
     upstream_error_body,
     websocket_error_message,
 )
+from continuum_gateway.field_paths import json_path
 from continuum_gateway.follow_hub import (
     STATE_KEY,
     AlignKey,
@@ -184,6 +185,14 @@ def parse_hello(text: str, session_id: str) -> transcript_service_pb2.FollowRequ
                     f"resume.{field.json_name}", "must not be negative", reason="INVALID_HELLO"
                 )
     return request
+
+
+def _hello_field(path: str) -> str:
+    """A field transcript names in a Follow refusal, as the browser spelled it: the path's session id
+    by its route name, the rest as the hello's JSON (``resume.streamGeneration``)."""
+    if path == "session_id":
+        return path
+    return json_path(path, transcript_service_pb2.FollowRequest.DESCRIPTOR)
 
 
 @dataclass(frozen=True)
@@ -305,7 +314,7 @@ class _Relay:
                         return
             except grpc.aio.AioRpcError as error:
                 if not outbox.attached.is_set():
-                    body = upstream_error_body(UpstreamError(TRANSCRIPT, error))
+                    body = upstream_error_body(UpstreamError(TRANSCRIPT, error, _hello_field))
                     outbox.fail(body, f"upstream_{error.code().name.lower()}")
                 return
         if not outbox.attached.is_set():

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Table, event
+from sqlalchemy import Table, event, make_url
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
@@ -53,8 +56,21 @@ class Database:
         await self.engine.dispose()
 
 
+def _private_sqlite_file(url: str) -> None:
+    """Create the SQLite file readable by this user only, before SQLite creates it with the umask's
+    mode; SQLite gives its -wal and -shm files the mode of the database file."""
+    path = make_url(url).database
+    if not path or path == ":memory:":
+        return
+    file = Path(path)
+    file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
 def _create_engine(url: str, *, schema: str, pool_size: int) -> AsyncEngine:
     if is_sqlite(url):
+        _private_sqlite_file(url)
         # One connection: SQLite has a single writer, and queueing in the pool is cheaper than
         # retrying on SQLITE_BUSY. Other processes (CLI jobs) wait on busy_timeout.
         engine = create_async_engine(url, pool_size=1, max_overflow=0, pool_timeout=60)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -104,10 +105,12 @@ async def start_server(
 def write_port_file(data_dir: Path, name: str, port: int) -> Path:
     """Publish the bound port so a supervisor (`continuum up`) can find a service on port 0."""
     run_dir = data_dir / "run"
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = run_dir / f"{name}.port"
     scratch = path.with_suffix(".tmp")
-    scratch.write_text(str(port))
+    scratch.unlink(missing_ok=True)
+    with os.fdopen(os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as handle:
+        handle.write(str(port))
     scratch.replace(path)
     return path
 

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from sqlalchemy import RowMapping, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -48,11 +49,11 @@ class AttachmentStore:
         """Write `chunks` durably; refuse (and discard) anything over `max_bytes` or of another
         size than the caller declared."""
         scratch_dir = self.root / "incoming"
-        await asyncio.to_thread(scratch_dir.mkdir, parents=True, exist_ok=True)
+        await asyncio.to_thread(_private_dir, scratch_dir)
         scratch = scratch_dir / uuid.uuid4().hex
         digest = hashlib.sha256()
         size = 0
-        handle = await asyncio.to_thread(scratch.open, "wb")
+        handle = await asyncio.to_thread(_private_file, scratch)
         try:
             async for chunk in chunks:
                 size += len(chunk)
@@ -72,7 +73,7 @@ class AttachmentStore:
         handle.close()
         sha = digest.hexdigest()
         final = self.path_of(sha)
-        await asyncio.to_thread(final.parent.mkdir, parents=True, exist_ok=True)
+        await asyncio.to_thread(_private_dir, final.parent)
         await asyncio.to_thread(os.replace, scratch, final)
         return StoredBytes(sha, size)
 
@@ -84,6 +85,18 @@ class AttachmentStore:
                 yield chunk
         finally:
             handle.close()
+
+
+def _private_dir(path: Path) -> None:
+    """Create `path` and any missing parent readable by this user only: attachments are users' data."""
+    for directory in [*reversed(path.parents), path]:
+        if not directory.exists():
+            directory.mkdir(mode=0o700, exist_ok=True)
+
+
+def _private_file(path: Path) -> BinaryIO:
+    """A new file open for writing, readable by this user only from its first byte."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb")
 
 
 def _flush(handle: object) -> None:

@@ -26,7 +26,8 @@ FULL_SERVICE_NAME = "continuum.transcript.v1.TranscriptService"
 
 def open_database(settings: TranscriptSettings) -> Database:
     """The process's one engine for this service."""
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    # The embedded default keeps users' data here: readable by this user only.
+    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     return Database(settings.resolved_database_url(SERVICE_NAME), schema=SERVICE_NAME, pool_size=settings.db_pool_size)
 
 

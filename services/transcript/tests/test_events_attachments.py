@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
+import stat
+from pathlib import Path
 
 import grpc
 import pytest
-from transcript_testing import TranscriptClient, refused
+from transcript_testing import TranscriptClient, append, create_session, refused, running_transcript, user
 
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
+from continuum_runtime.server import write_port_file
 
 
 async def _create(client: TranscriptClient, session_id: str, owner: str = "alice") -> None:
@@ -155,3 +159,26 @@ async def test_upload_must_start_with_its_header(transcript: TranscriptClient) -
     await refused(call, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT")
     store = transcript.settings.resolved_attachments_dir()
     assert not store.exists() or not [p for p in store.rglob("*") if p.is_file()]
+
+
+async def test_a_service_started_on_its_own_keeps_its_files_private(tmp_path: Path) -> None:
+    """Without `continuum up`'s umask (a service run by hand or in a container): the database, its
+    WAL, attachments and run files are still readable by their owner only."""
+    data_dir = tmp_path / "data"
+    database_url = f"sqlite+aiosqlite:///{data_dir / 'transcript.db'}"
+    umask = os.umask(0o022)  # a common default; `continuum up` would have set 077
+    try:
+        async with running_transcript(tmp_path, database_url) as client:
+            session_id = await create_session(client)
+            await append(client, session_id, user("hello"))
+            await _upload(client, session_id, b"\x89PNG" + b"\0" * 1000)
+            write_port_file(data_dir, "transcript", client.service.port)
+    finally:
+        os.umask(umask)
+    modes = {
+        str(path.relative_to(data_dir)): stat.S_IMODE(path.stat().st_mode) for path in [data_dir, *data_dir.rglob("*")]
+    }
+    assert {"transcript.db", "run/transcript.port"} <= set(modes)
+    assert any(name.startswith("attachments/") and not name.endswith("incoming") for name in modes), modes
+    loose = {name: oct(mode) for name, mode in modes.items() if mode & 0o077}
+    assert loose == {}, loose
