@@ -64,6 +64,7 @@ from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum_runtime.capabilities import TRANSCRIPT_V2
 from continuum_transcript.follow import SNAPSHOT_PAGE
+from continuum_transcript.messages import LIGHT, NEWEST_FIRST
 from continuum_transcript.tables import messages
 
 BIG_MESSAGES = 100_000
@@ -107,13 +108,13 @@ def with_commit_seq(rows: Iterator[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]
 async def explain_case(database: BenchDatabase, case: Case) -> None:
     """Print the plan of the snapshot page read (mirrors follow.read_page_at) for diagnosis."""
     query = (
-        select(messages)
+        select(*LIGHT)
         .where(
             messages.c.session_id == case.session_id,
             messages.c.deleted.is_(False),
             messages.c.commit_seq <= case.seq,
         )
-        .order_by(messages.c.message_id.desc())
+        .order_by(*NEWEST_FIRST)
         .limit(SNAPSHOT_PAGE + 1)
     )
     await explain(database, query, f"plan of the {case.label} snapshot page:")
