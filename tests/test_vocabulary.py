@@ -67,7 +67,7 @@ def test_every_reason_the_gateway_writes_is_a_value_of_its_enum() -> None:
 def test_capability_names_come_from_the_contract() -> None:
     values = capability_pb2.Capability.values()
     names = {capabilities.wire_name(value) for value in values if value != capability_pb2.CAPABILITY_UNSPECIFIED}
-    assert names == {"transcript-v2", "history-outline-v1", "compaction-v1"}
+    assert names == {"transcript-v2", "history-outline-v1", "compaction-v1", "merge-v2"}
     assert capabilities.TRANSCRIPT_V2 == "transcript-v2"
     with pytest.raises(ValueError, match="no wire name"):
         capabilities.wire_name(capability_pb2.CAPABILITY_UNSPECIFIED)

@@ -21,3 +21,4 @@ def wire_name(capability: cpb.Capability.ValueType) -> str:
 TRANSCRIPT_V2 = wire_name(cpb.CAPABILITY_TRANSCRIPT_V2)
 HISTORY_OUTLINE_V1 = wire_name(cpb.CAPABILITY_HISTORY_OUTLINE_V1)
 COMPACTION_V1 = wire_name(cpb.CAPABILITY_COMPACTION_V1)
+MERGE_V2 = wire_name(cpb.CAPABILITY_MERGE_V2)

@@ -31,6 +31,8 @@ class _CapabilityEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Capability
     """The durable turn directory (GetHistoryOutline / GET /session-history/outline)."""
     CAPABILITY_COMPACTION_V1: _Capability.ValueType  # 3
     """Compaction summaries, compaction events and manual compaction."""
+    CAPABILITY_MERGE_V2: _Capability.ValueType  # 4
+    """Session merges (protocol version 2): sealed snapshot packages, resumable units, atomic publish."""
 
 class Capability(_Capability, metaclass=_CapabilityEnumTypeWrapper):
     """The protocol capabilities Continuum peers advertise. A peer lacking a capability a call needs is
@@ -45,6 +47,8 @@ CAPABILITY_HISTORY_OUTLINE_V1: Capability.ValueType  # 2
 """The durable turn directory (GetHistoryOutline / GET /session-history/outline)."""
 CAPABILITY_COMPACTION_V1: Capability.ValueType  # 3
 """Compaction summaries, compaction events and manual compaction."""
+CAPABILITY_MERGE_V2: Capability.ValueType  # 4
+"""Session merges (protocol version 2): sealed snapshot packages, resumable units, atomic publish."""
 Global___Capability: _TypeAlias = Capability  # noqa: Y015
 
 WIRE_NAME_FIELD_NUMBER: _builtins.int
