@@ -11,7 +11,7 @@ DEV := $(VENV)/.installed-dev
 # Options for `continuum up`, e.g. make run ARGS="--gateway-port 9090".
 ARGS ?=
 
-.PHONY: setup run test lint protos protos-check buf-lint clean
+.PHONY: setup run test lint protos protos-check buf-lint buf-breaking release-protos clean
 
 setup: $(DEV) $(BUF)
 
@@ -41,9 +41,22 @@ protos-check: $(DEV)
 buf-lint: $(BUF)
 	$(BUF) lint
 
+# The contracts as released: a change that would break a client built against them (a field renumbered,
+# renamed or removed, a type changed) fails lint. `make release-protos` records the current contracts when a
+# release is cut; merge's contract is left out until its service ships, so it can still change freely.
+# Both sides are single images (the workspace has two modules: ours and the vendored google/api).
+RELEASE_EXCLUDE := --exclude-path protos/continuum/merge
+
+buf-breaking: $(BUF)
+	$(BUF) build protos -o .tools/current.binpb
+	$(BUF) breaking .tools/current.binpb --against protos/released.binpb
+
+release-protos: $(BUF)
+	$(BUF) build protos --exclude-source-info $(RELEASE_EXCLUDE) -o protos/released.binpb
+
 # lint-imports checks the layering contracts in pyproject.toml (which package may import which); without a
 # cache it takes under a second and leaves no cache directory in the checkout.
-lint: $(DEV) protos-check buf-lint
+lint: $(DEV) protos-check buf-lint buf-breaking
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	# One mypy run per suite: every suite has its own conftest.py.
