@@ -215,19 +215,6 @@ async def gateway_server(transcript_address: str) -> AsyncIterator[GatewayProces
         yield GatewayProcess("127.0.0.1", process.port, process.pid, GATEWAY_DEV_TOKEN)
 
 
-def peak_rss_bytes(pid: int) -> int:
-    """The peak resident memory of a live process since it started or since `reset_peak_rss` (Linux)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmHWM for process {pid}")
-
-
-def reset_peak_rss(pid: int) -> None:
-    """Measure `peak_rss_bytes` afresh from now (Linux: writing 5 to /proc/<pid>/clear_refs)."""
-    Path(f"/proc/{pid}/clear_refs").write_text("5")
-
-
 def process_cpu_seconds(pid: int) -> float:
     """User + system CPU time of a live process, from /proc (Linux)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()

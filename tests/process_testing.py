@@ -1,4 +1,4 @@
-"""Services as killable processes, and process inspection from /proc (importable as `process_testing`)."""
+"""Services as killable processes (importable as `process_testing`)."""
 
 from __future__ import annotations
 
@@ -66,16 +66,3 @@ async def serve_module(module: str, name: str, data_dir: Path, env: Mapping[str,
     process.kill()
     await process.wait()
     raise AssertionError(f"{module} did not start")
-
-
-def peak_rss_bytes(pid: int) -> int:
-    """The peak resident set size of `pid` since it started or since `reset_peak_rss` (Linux VmHWM)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmHWM for process {pid}")
-
-
-def reset_peak_rss(pid: int) -> None:
-    """Start measuring `peak_rss_bytes` of `pid` afresh (Linux: writing 5 to clear_refs)."""
-    Path(f"/proc/{pid}/clear_refs").write_text("5")

@@ -22,7 +22,7 @@ import pytest
 from compaction_testing import compaction_settings
 from gateway_testing import ALICE_TOKEN
 from gateway_ws_testing import follower, live_gateway, receive_frames
-from process_testing import peak_rss_bytes, reset_peak_rss, serve_module
+from process_testing import serve_module
 from pydantic import SecretStr
 
 from continuum.compaction.v1 import compaction_service_pb2 as capi
@@ -33,6 +33,7 @@ from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
 from continuum_compaction.server import start as start_compaction
 from continuum_runtime.auth import call_metadata
 from continuum_runtime.channels import open_channel
+from continuum_runtime.process_memory import peak_rss_bytes, reset_peak_rss
 
 SERVICE_TOKEN = "gateway-test-service-token"  # the one the gateway test helpers present
 USER = "alice"  # ALICE_TOKEN's user in the gateway test helpers
