@@ -66,35 +66,26 @@ def content_part(part: dict[str, Any], media_types: dict[str, str]) -> pb.Conten
 
 def message(row: Mapping[Any, Any], media_types: dict[str, str] | None = None) -> pb.Message:
     """The Message resource of a row: whole, or a stub for a light row (see `bodies.stub_row`)."""
-    if row.get("body_deferred"):
-        return pb.Message(
-            message_id=row["message_id"],
-            session_id=row["session_id"],
-            role=row["role"],
-            tool_call_id=row["tool_call_id"],
-            status=row["status"],
-            deleted=row["deleted"],
-            create_time=timestamp(row["create_ms"]),
-            result_truncated=row["result_truncated"],
-            body_deferred=True,
-            body_bytes=row["body_bytes"],
-            preview=row["preview"],
-        )
-    known = media_types or {}
-    return pb.Message(
+    message = pb.Message(
         message_id=row["message_id"],
         session_id=row["session_id"],
         role=row["role"],
-        content=[content_part(part, known) for part in row["content"]],
-        tool_calls=[pb.ToolCall(**call) for call in row["tool_calls"]],
         tool_call_id=row["tool_call_id"],
-        metadata=struct(row["metadata"]),
         status=row["status"],
         deleted=row["deleted"],
         create_time=timestamp(row["create_ms"]),
         result_truncated=row["result_truncated"],
         body_bytes=row["body_bytes"],
     )
+    if row.get("body_deferred"):
+        message.body_deferred = True
+        message.preview = row["preview"]
+        return message
+    known = media_types or {}
+    message.content.extend(content_part(part, known) for part in row["content"])
+    message.tool_calls.extend(pb.ToolCall(**call) for call in row["tool_calls"])
+    message.metadata.CopyFrom(struct(row["metadata"]))
+    return message
 
 
 def attachment(row: RowMapping) -> pb.Attachment:
