@@ -307,6 +307,52 @@ async def test_upstream_refusals_become_an_error_message_and_close_code(
     await _eventually(lambda: live.upstreams.open_follows == 0)
 
 
+@pytest.mark.parametrize("bob_by_header", [False, True], ids=["subprotocol-token", "header-token"])
+async def test_a_client_sent_acting_user_header_is_ignored(
+    live: LiveGateway, transcript_client: Transcript, bob_by_header: bool
+) -> None:
+    """The acting user comes from the token only: Bob naming Alice in the header the services read
+    the user from is still Bob, refused on Alice's session, and sees his own as Bob."""
+    alice_session = await transcript_client.new_session("alice")
+    bob_session = await transcript_client.new_session("bob")
+    claimed = {"x-continuum-user": "alice"}
+    if bob_by_header:
+        claimed["Authorization"] = f"Bearer {BOB_TOKEN}"
+        subprotocols = [Subprotocol(FOLLOW_SUBPROTOCOL)]
+    else:
+        subprotocols = [Subprotocol(FOLLOW_SUBPROTOCOL), Subprotocol(bearer_subprotocol(BOB_TOKEN))]
+
+    def connecting(session_id: str) -> Any:
+        return connect(live.url(session_id), subprotocols=subprotocols, additional_headers=claimed, open_timeout=10)
+
+    async with connecting(alice_session) as websocket:
+        await websocket.send(json.dumps(HELLO))
+        messages, code = await receive_until_closed(websocket)
+    assert [error_reason(m) for m in messages] == ["SESSION_PERMISSION_DENIED"]
+    assert code == 4403
+    async with connecting(bob_session) as websocket:
+        await websocket.send(json.dumps(HELLO))
+        assert (await receive_frames(websocket, {"snapshotEnd"}))[0]["type"] == "handshake"
+        assert _hub(live, bob_session, "bob") is not None
+        assert _hub(live, bob_session, "alice") is None
+
+
+async def test_an_acting_user_header_is_no_websocket_credential(
+    live: LiveGateway, transcript_client: Transcript
+) -> None:
+    session_id = await transcript_client.new_session("alice")
+    async with connect(
+        live.url(session_id),
+        subprotocols=[Subprotocol(FOLLOW_SUBPROTOCOL)],
+        additional_headers={"x-continuum-user": "alice"},
+        open_timeout=10,
+    ) as websocket:
+        messages, code = await receive_until_closed(websocket)
+    assert [error_reason(m) for m in messages] == ["UNAUTHENTICATED"]
+    assert code == 4401
+    assert live.upstreams.open_follows == 0
+
+
 @pytest.mark.parametrize(
     ("subprotocols", "headers", "query"),
     [
