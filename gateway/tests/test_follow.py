@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deadline_testing import deadline
 from gateway_testing import ALICE_TOKEN, BOB_TOKEN
 from gateway_ws_testing import (
     HELLO,
@@ -20,6 +21,7 @@ from gateway_ws_testing import (
     error_reason,
     follower,
     live_gateway,
+    read_direct_until,
     receive_frames,
     receive_json,
     receive_until_closed,
@@ -57,7 +59,7 @@ async def live(transcript: GrpcService, tmp_path_factory: pytest.TempPathFactory
 
 
 async def _eventually(condition: Callable[[], bool], seconds: float = 10) -> None:
-    async with asyncio.timeout(seconds):
+    async with deadline(seconds, f"the condition on line {condition.__code__.co_firstlineno} of {Path(__file__).name}"):
         # Polling: what is awaited (a counter, a log record) has no event to wait on.
         while not condition():  # noqa: ASYNC110
             await asyncio.sleep(0.02)
@@ -122,8 +124,7 @@ async def test_published_frames_are_relayed_one_to_one(
     try:
         async with follower(live, session_id, ALICE_TOKEN) as websocket:
             await receive_frames(websocket, {"snapshotEnd"})
-            while (await direct.read()).WhichOneof("frame") != "snapshot_end":
-                pass
+            await read_direct_until(direct, "snapshot_end")
 
             stub, metadata = transcript_client.stub, transcript_client.metadata("alice")
             await transcript_client.append(session_id, "follow-up")
@@ -147,11 +148,7 @@ async def test_published_frames_are_relayed_one_to_one(
                 metadata=metadata,
             )
 
-            expected: list[dict[str, Any]] = []
-            while not expected or expected[-1]["type"] != "settlement":
-                frame = await asyncio.wait_for(direct.read(), 10)
-                if frame.WhichOneof("frame") != "heartbeat":
-                    expected.append(_as_relayed(frame))
+            expected = [_as_relayed(frame) for frame in await read_direct_until(direct, "settlement")]
             relayed = await receive_frames(websocket, {"settlement"})
     finally:
         direct.cancel()
@@ -453,7 +450,7 @@ async def test_stopping_the_gateway_closes_followers_and_their_streams(
         async with follower(gateway, session_id, ALICE_TOKEN) as websocket:
             await receive_frames(websocket, {"snapshotEnd"})
             assert upstreams.open_follows == 1
-            async with asyncio.timeout(10):
+            async with deadline(10, "the gateway to stop with a follower connected"):
                 await gateway.stop()
             _, code = await receive_until_closed(websocket)
     assert code == 1012  # service restart
@@ -576,8 +573,7 @@ async def test_browsers_of_one_user_share_one_upstream_stream_and_each_gets_its_
                 records = second_frames[2]["snapshotRecords"]["messages"]
                 assert [m["content"][0]["text"] for m in records] == ["one", "two", "three"]
                 assert live.upstreams.open_follows == 2  # the hub's, and the second browser's own
-                while (await direct.read()).WhichOneof("frame") != "snapshot_end":
-                    pass
+                await read_direct_until(direct, "snapshot_end")
                 # Its first live frame is a switch point: from there on, one upstream stream for both.
                 await transcript_client.append(session_id, "four")
                 await _eventually(lambda: live.upstreams.open_follows == 1)
@@ -588,9 +584,7 @@ async def test_browsers_of_one_user_share_one_upstream_stream_and_each_gets_its_
                 await transcript_client.append(session_id, "five")
                 relayed: list[dict[str, Any]] = []
                 while not relayed or "five" not in _batch_texts(relayed[-1:]):
-                    frame = await asyncio.wait_for(direct.read(), 10)
-                    if frame.WhichOneof("frame") != "heartbeat":
-                        relayed.append(_as_relayed(frame))
+                    relayed += [_as_relayed(frame) for frame in await read_direct_until(direct, "batch")]
                 # From "four" on (the direct stream's own snapshot may be older).
                 expected = relayed[[_batch_texts([f]) for f in relayed].index(["four"]) :]
                 first_live = await _frames_until_text(first, "five")
