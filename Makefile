@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 BUF := .tools/node_modules/.bin/buf
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint protos protos-check buf-lint clean
+.PHONY: setup run test lint mutate protos protos-check buf-lint clean
 
 setup: $(STAMP) $(BUF)
 
@@ -39,5 +39,10 @@ lint: $(STAMP) protos-check buf-lint
 test: setup lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
+# Mutation testing of the invariant modules (not part of CI; minutes per module): prints the survivors.
+# `make mutate GROUPS="compaction gateway"` runs some groups only (see scripts/mutate.py).
+mutate: $(STAMP)
+	$(PY) scripts/mutate.py $(GROUPS)
+
 clean:
-	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache .mutate

@@ -82,6 +82,22 @@ def test_a_second_mid_loop_compaction_offers_the_rounds_left_after_the_first() -
     assert plan_cut(history, recent_turns=0, mid_loop=False).candidates == ()
 
 
+def test_only_tool_calls_start_rounds() -> None:
+    # A text-only assistant message is a complete step but starts no round: the latest round is the
+    # last tool call's, and the text after it stays with it, verbatim.
+    turn = [
+        message(1, "u"),
+        message(2, "a"),
+        message(3, "a", calls=("c1",)),
+        message(4, "t", answers="c1"),
+        message(5, "a"),
+    ]
+    history = load_history(0, turn)
+    assert completed_rounds(history.view, 1) == 5
+    (unit,) = plan_cut(history, recent_turns=0, mid_loop=True).candidates
+    assert sorted(unit.ids) == [1, 2] and unit.holds_current_request
+
+
 def test_batches_respect_the_soft_limit_and_the_round_cap() -> None:
     def unit(size: int, start: int) -> Unit:
         return Unit(tuple(LoadedMessage.of(message(start + n, "u" if n == 0 else "a")) for n in range(size)))

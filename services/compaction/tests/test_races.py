@@ -205,7 +205,16 @@ async def test_the_record_compare_and_set_decides_when_a_crashed_compaction_left
         assert [m.message_id for m in lost.messages if m.message_id] == [ids[-1]]
         rows = await stack.record_rows("s1")
         assert len(rows) == 1 and rows[0][0] == boundary
-        assert (await stack.summary("s1")).summary.compact_count == (2 if existing_record else 1)
+        # The stored record is the winner's, with the bookkeeping added once to what was there (the
+        # staged record counted nothing), not the loser's as well.
+        stored = (await stack.summary("s1")).summary
+        assert stored.compact_count == (2 if existing_record else 1)
+        assert (stored.input_tokens, stored.output_tokens, stored.model) == (10, 5, stack.provider.model)
+        assert stored.update_time.ToMilliseconds() > 0
+        if existing_record:
+            assert stored.create_time.ToMilliseconds() == 0  # as staged: an update keeps it
+        else:
+            assert stored.create_time == stored.update_time
         session = await stack.transcript.stub.GetSession(tapi.GetSessionRequest(session_id="s1"), metadata=stack.user())
         assert session.session.compaction_fence_message_id == boundary
         events = await stack.stub.ListCompactionEvents(
