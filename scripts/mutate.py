@@ -130,16 +130,20 @@ def stage(name: str, group: Group) -> Path:
     return staging
 
 
+# mutmut's verdicts that mean no selected test failed on the mutant.
+SURVIVED = ("survived", "no tests")
+
+
 def survivors(staging: Path) -> list[str]:
-    """Names of the mutants no selected test killed (or that no test reached)."""
+    """`name: verdict` of the mutants no selected test killed (or that no selected test reached)."""
     listed = subprocess.run(
         [str(MUTMUT), "results"], cwd=staging, capture_output=True, text=True, check=True
     ).stdout.splitlines()
-    return [line.split(":")[0].strip() for line in listed if line.strip().endswith(("survived", "no tests"))]
+    return [line.strip() for line in listed if line.strip().endswith(SURVIVED)]
 
 
 def mutate(name: str, group: Group, max_children: int) -> list[str]:
-    """Run mutmut for one group; its survivors."""
+    """Run mutmut for one group; its survivors, each with its diff printed."""
     staging = stage(name, group)
     print(f"== {name}: mutating {', '.join(group.modules)} of {group.package}", flush=True)
     run = subprocess.run([str(MUTMUT), "run", "--max-children", str(max_children)], cwd=staging, check=False)
@@ -147,8 +151,10 @@ def mutate(name: str, group: Group, max_children: int) -> list[str]:
         raise SystemExit(f"mutmut failed for {name} (exit {run.returncode})")
     found = survivors(staging)
     for mutant in found:
-        shown = subprocess.run([str(MUTMUT), "show", mutant], cwd=staging, capture_output=True, text=True)
-        print(f"-- survived: {mutant}\n{shown.stdout}", flush=True)
+        shown = subprocess.run(
+            [str(MUTMUT), "show", mutant.split(":")[0]], cwd=staging, capture_output=True, text=True, check=False
+        )
+        print(f"-- {mutant}\n{shown.stdout}", flush=True)
     print(f"== {name}: {len(found)} survivor(s)", flush=True)
     return found
 

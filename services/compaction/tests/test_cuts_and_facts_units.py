@@ -5,7 +5,16 @@ from __future__ import annotations
 import json
 
 from continuum.transcript.v1 import resources_pb2 as tpb
-from continuum_compaction.cuts import Unit, batches, completed_rounds, plan_cut, safe_boundary, split_turns
+from continuum_compaction.cuts import (
+    CutPlan,
+    Unit,
+    batches,
+    completed_rounds,
+    plan_cut,
+    safe_boundary,
+    should_compact,
+    split_turns,
+)
 from continuum_compaction.facts import Fact, extract_facts, is_kept, missing_facts, with_preserved_facts
 from continuum_compaction.history import LoadedMessage, load_history
 
@@ -96,6 +105,23 @@ def test_only_tool_calls_start_rounds() -> None:
     assert completed_rounds(history.view, 1) == 5
     (unit,) = plan_cut(history, recent_turns=0, mid_loop=True).candidates
     assert sorted(unit.ids) == [1, 2] and unit.holds_current_request
+
+
+def test_the_trigger_holds_exactly_at_the_threshold_and_the_minimum() -> None:
+    plan = CutPlan((Unit(tuple(LoadedMessage.of(message(n, "u" if n == 1 else "a")) for n in (1, 2, 3))),))
+
+    def due(tokens: int, minimum: int) -> bool:
+        return should_compact(
+            estimated_tokens=tokens,
+            window_tokens=1000,
+            trigger_ratio=0.5,
+            plan=plan,
+            min_compact_messages=minimum,
+            min_new_messages=1,
+        )
+
+    assert due(500, 3) and not due(499, 3)
+    assert not due(500, 4)
 
 
 def test_batches_respect_the_soft_limit_and_the_round_cap() -> None:
