@@ -11,7 +11,7 @@ DEV := $(VENV)/.installed-dev
 # Options for `continuum up`, e.g. make run ARGS="--gateway-port 9090".
 ARGS ?=
 
-.PHONY: setup run test lint protos protos-check buf-lint buf-breaking release-protos clean
+.PHONY: setup run test lint mutate protos protos-check buf-lint buf-breaking release-protos clean
 
 setup: $(DEV) $(BUF)
 
@@ -66,5 +66,10 @@ lint: $(DEV) protos-check buf-lint buf-breaking
 test: setup lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
+# Mutation testing of the invariant modules (not part of CI; minutes per module): prints the survivors.
+# `make mutate GROUPS="compaction gateway"` runs some groups only (see scripts/mutate.py).
+mutate: $(DEV)
+	$(PY) scripts/mutate.py $(GROUPS)
+
 clean:
-	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache .mutate

@@ -6,10 +6,10 @@ import asyncio
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from deadline_testing import deadline, within
 from follow_testing import TOKEN, USER, Live, assistant, running, user
 
 from continuum_cli.follow import TOKEN_ENV, resolve_address
@@ -31,15 +31,14 @@ class Output:
 
     async def shows(self, expected: str, seconds: float = 15.0) -> None:
         """Wait until the output contains `expected`."""
-        deadline = time.monotonic() + seconds
-        while expected not in self.text:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{expected!r} never appeared in {self.text!r}")
-            await asyncio.sleep(0.02)
+        async with deadline(seconds, lambda: f"{expected!r} in the output {self.text!r}"):
+            # Polling: the output grows in another task.
+            while expected not in self.text:  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
 
     async def finish(self) -> str:
         """Everything, once the stream closed."""
-        await asyncio.wait_for(self._task, 10)
+        await within(self._task, 10, lambda: f"the command's output to end after {self.text!r}")
         return self.text
 
 
@@ -79,7 +78,7 @@ async def test_follow_prints_the_session_live_and_ctrl_c_exits_0(tmp_path: Path)
             await output.shows('assistant: Hello!\n  → tool shell({"cmd": "ls"})\n')
         finally:
             process.send_signal(signal.SIGINT)
-            code = await asyncio.wait_for(process.wait(), 10)
+            code = await within(process.wait(), 10, "`continuum follow` to exit on Ctrl-C")
         assert code == 0, await process.stderr.read()
         assert (await output.finish()).count("assistant: ") == 1
 
@@ -87,7 +86,7 @@ async def test_follow_prints_the_session_live_and_ctrl_c_exits_0(tmp_path: Path)
 async def test_follow_of_a_missing_session_exits_1_with_the_reason(tmp_path: Path) -> None:
     async with running(tmp_path) as live:
         process = await follow_command(live, "no-such-session")
-        _, stderr = await asyncio.wait_for(process.communicate(), 15)
+        _, stderr = await within(process.communicate(), 15, "`continuum follow` to exit on a missing session")
 
     assert process.returncode == 1
     assert "SESSION_NOT_FOUND" in stderr.decode()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from deadline_testing import within
 from follow_testing import (
     FAST,
     Live,
@@ -59,10 +60,15 @@ async def test_a_session_is_followed_whole_through_its_life(tmp_path: Path, data
             # Streaming, then the committed message with a tool call, then its result.
             await live.open(session, "m1")
             await live.chunks(session, "m1", 1, 0, "Let me ", "look")
-            await eventually(lambda: client.store.prefixes.get("m1") == Prefix("m1", 1, 2, "Let me look"))
+            await eventually(
+                lambda: client.store.prefixes.get("m1") == Prefix("m1", 1, 2, "Let me look"), what="chunks"
+            )
             committed = await live.commit(session, "m1", 1, assistant("Let me look.", "call-1"))
             await live.append(session, tool("call-1", "file.txt"))
-            await eventually(lambda: "call-1" in client.store.tools and client.store.tools["call-1"].result_message_id)
+            await eventually(
+                lambda: "call-1" in client.store.tools and client.store.tools["call-1"].result_message_id,
+                what="the tool result",
+            )
             assert "m1" not in client.store.prefixes
             await eventually(lambda: committed in client.store.settlements, what="settlement")
             assert client.store.settlements[committed] == fpb.SETTLEMENT_OUTCOME_COMMITTED
@@ -70,11 +76,13 @@ async def test_a_session_is_followed_whole_through_its_life(tmp_path: Path, data
 
             # Runtime state, prompts and events, then a terminal batch.
             await live.publish(session, op_state(fpb.RUN_STATE_WAITING, "run-1"), op_prompt("approve-1"), op_event(3))
-            await eventually(lambda: "approve-1" in client.store.prompts)
+            await eventually(lambda: "approve-1" in client.store.prompts, what="the prompt")
             assert client.store.runtime_state.state == fpb.RUN_STATE_WAITING
             assert [event.compaction_marker.event_id for event in client.store.events] == [3]
             seq = await live.publish(session, op_resolve("approve-1"), op_state(fpb.RUN_STATE_IDLE), terminal=True)
-            await eventually(lambda: client.store.cursor is not None and client.store.cursor.seq == seq)
+            await eventually(
+                lambda: client.store.cursor is not None and client.store.cursor.seq == seq, what="the terminal batch"
+            )
             assert not client.store.prompts
             assert client.store.runtime_state.state == fpb.RUN_STATE_IDLE
 
@@ -82,7 +90,10 @@ async def test_a_session_is_followed_whole_through_its_life(tmp_path: Path, data
             await live.open(session, "m2")
             await live.chunks(session, "m2", 1, 0, "par", "tial")
             interrupted = await live.cancel(session, "m2", 1)
-            await eventually(lambda: interrupted in client.store.messages and "m2" not in client.store.prefixes)
+            await eventually(
+                lambda: interrupted in client.store.messages and "m2" not in client.store.prefixes,
+                what="the interrupted message",
+            )
             assert text(client.store.messages[interrupted]) == "partial"
             assert client.store.messages[interrupted].status == pb.MESSAGE_STATUS_INTERRUPTED
 
@@ -121,10 +132,10 @@ async def test_a_disconnect_resumes_with_the_suffix_only(tmp_path: Path) -> None
         # Slow enough that what is published right after the disconnect is missed.
         client = live.follower(session, backoff=Backoff(initial_seconds=0.5, jitter=0.0))
         async with following(client):
-            await eventually(lambda: client.store.live and texts(client.store) == ["one"])
+            await eventually(lambda: client.store.live and texts(client.store) == ["one"], what="baseline")
             await live.open(session, "m1")
             await live.chunks(session, "m1", 1, 0, "a")
-            await eventually(lambda: "m1" in client.store.prefixes)
+            await eventually(lambda: "m1" in client.store.prefixes, what="the open attempt")
 
             client.disconnect()
             await eventually(lambda: client.disconnects == 1, what="disconnect")
@@ -137,7 +148,7 @@ async def test_a_disconnect_resumes_with_the_suffix_only(tmp_path: Path) -> None
             assert client.followed_times == 2
             assert not client.resyncs
             await live.chunks(session, "m1", 1, 3, "d")
-            await eventually(lambda: client.store.prefixes["m1"].text == "abcd")
+            await eventually(lambda: client.store.prefixes["m1"].text == "abcd", what="the chunk after the resume")
             assert same_as_server(client.store, await live.server_messages(session))
 
 
@@ -162,16 +173,18 @@ async def test_a_stalled_follower_overflows_and_recovers_with_a_fresh_baseline(t
 
         task = asyncio.create_task(consume())
         try:
-            await asyncio.wait_for(stalled.wait(), 10)
+            await within(stalled.wait(), 10, "the follower's first baseline")
             big = "x" * 16 * 1024
             for index in range(120):
                 await live.publish(session, op_message(user(f"{index} {big}")))
             release.set()
             await eventually(lambda: client.resyncs["overflow"] == 1 and client.store.live, what="overflow resync")
-            await eventually(lambda: text(client.store.ordered_messages()[-1]).startswith("119 "))
+            await eventually(
+                lambda: text(client.store.ordered_messages()[-1]).startswith("119 "), what="the last published message"
+            )
         finally:
             client.stop()
-            await asyncio.wait_for(task, 10)
+            await within(task, 10, "the Follow client to stop")
 
         resync = [u for u in seen if u.outcome.status is Status.RESYNC]
         assert [u.outcome.reason for u in resync] == ["overflow"]
@@ -193,7 +206,7 @@ async def test_a_restarted_server_is_followed_again_not_taken_as_the_end(tmp_pat
         await live.append(session, user("before"))
         client = live.follower(session)
         async with following(client):
-            await eventually(lambda: client.store.live and texts(client.store) == ["before"])
+            await eventually(lambda: client.store.live and texts(client.store) == ["before"], what="baseline")
             stream_generation = client.store.cursor.stream_generation if client.store.cursor else 0
             await service.stop(grace=0)
             # The server ends the stream with resync(SHUTDOWN), unless stopping cut the stream first.
@@ -224,7 +237,7 @@ async def test_an_old_client_gets_a_clear_upgrade_error_and_no_retry_loop(tmp_pa
         client = FollowClient(live.stub, session, live.metadata, capabilities=["transcript-v1"], backoff=FAST)
 
         with pytest.raises(UpgradeRequiredError, match="requires transcript-v2 but this client offers transcript-v1"):
-            await asyncio.wait_for(client.run(), 10)
+            await within(client.run(), 10, "the old client to give up instead of retrying")
 
         assert client.followed_times == 1
 
@@ -234,7 +247,7 @@ async def test_following_a_missing_session_fails_without_retrying(tmp_path: Path
         client = live.follower("no-such-session")
 
         with pytest.raises(FollowError) as caught:
-            await asyncio.wait_for(client.run(), 10)
+            await within(client.run(), 10, "the client to give up on a missing session instead of retrying")
 
         assert caught.value.details is not None and caught.value.details.reason == "SESSION_NOT_FOUND"
         assert client.followed_times == 1

@@ -5,6 +5,10 @@ reconnecting followers against the real server and the real Follow client.
 At every watermark each follower's installed view must equal a read of the durable store at that
 sequence plus the open attempts' prefixes; chunks are applied exactly once (prefix texts match);
 generations never go back; and resyncs never cause model requests (only the runtime makes them).
+Order counts as much as content: frames must arrive in the order they were published, so a follower
+never has to resync because its store found a gap or a frame out of place (a swapped or dropped
+frame converges after such a resync, and only this check notices), and within one stream the
+committed messages arrive in id order.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from deadline_testing import within
 from follow_testing import FAST, Live, assistant, settings, sqlite_url, texts, user
-from hypothesis import HealthCheck, assume
+from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -35,13 +40,25 @@ from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
-from continuum_follow import FollowClient
+from continuum_follow import FollowClient, Status
+from continuum_follow.store import (
+    CHAIN_GAP,
+    CHUNK_GAP,
+    GENERATION_CHANGED,
+    INVALID_SETTLEMENT,
+    OUT_OF_ORDER,
+    UNKNOWN_ATTEMPT,
+)
 from continuum_runtime.channels import open_channel
 from continuum_runtime.server import GrpcService
 from continuum_transcript.server import start
 
 T = TypeVar("T")
 FOLLOWERS = 3
+# Resyncs the client's store decides itself because the frames it got do not chain: never right.
+ORDER_VIOLATIONS = frozenset(
+    {CHAIN_GAP, CHUNK_GAP, UNKNOWN_ATTEMPT, INVALID_SETTLEMENT, GENERATION_CHANGED, OUT_OF_ORDER}
+)
 KEYS = ("a", "b")
 
 
@@ -61,14 +78,26 @@ class Watched:
         self.gate = asyncio.Event()
         self.gate.set()
         self.highest_generation = 0
+        # Frames that did not fit where they came: (the store's resync reason, the frame's kind).
+        self.out_of_order: list[tuple[str, str]] = []
+        # Committed message ids as batches brought them, since the last baseline: ascending.
+        self.arrived: list[int] = []
         self.task = asyncio.get_running_loop().create_task(self._consume())
 
     async def _consume(self) -> None:
-        async for _ in self.client.updates():
+        async for update in self.client.updates():
             cursor = self.client.store.cursor
             if cursor is not None:
                 assert cursor.stream_generation >= self.highest_generation, "a follower's stream_generation went back"
                 self.highest_generation = cursor.stream_generation
+            if update.outcome.status is Status.RESYNC and update.outcome.reason in ORDER_VIOLATIONS:
+                self.out_of_order.append((update.outcome.reason, update.kind))
+            frame = update.frame
+            if frame is not None and update.outcome.status is Status.APPLIED:
+                if update.kind == "snapshot_end":
+                    self.arrived = []
+                elif update.kind == "batch":
+                    self.arrived += [m.message_id for m in frame.batch.messages if not m.deleted]
             await self.gate.wait()
 
 
@@ -132,36 +161,57 @@ class FollowModel(RuleBasedStateMachine):
     @rule(
         state=st.sampled_from([fpb.RUN_STATE_IDLE, fpb.RUN_STATE_RUNNING, fpb.RUN_STATE_WAITING]),
         terminal=st.booleans(),
+        then=st.integers(0, 3),
     )
-    def runtime_state(self, state: int, terminal: bool) -> None:
+    def runtime_state(self, state: int, terminal: bool, then: int) -> None:
         operation = api.BatchOperation(runtime_state=fpb.RuntimeState(state=state))  # type: ignore[arg-type]
-        self.run(self.live.publish(self.session_id, operation, terminal=terminal))
+
+        async def publish() -> list[list[int]]:
+            # The runtime publishes on without waiting for the batch to be durable: behind a terminal
+            # batch the next `then` batches wait for its barrier and reach followers in one burst.
+            first = asyncio.ensure_future(self.live.publish(self.session_id, operation, terminal=terminal))
+            more = [self.live.append(self.session_id, user(f"then {index}")) for index in range(then)]
+            appended = await asyncio.gather(*more)
+            await first
+            return appended
+
+        for ids in self.run(publish()):
+            self.user_messages += ids
+        self.user_messages.sort()
 
     @rule(key=st.sampled_from(KEYS))
     def open_or_retry(self, key: str) -> None:
+        self._open(key)
+
+    def _open(self, key: str) -> OpenAttempt:
         current = self.attempts.get(key)
         attempt = current.attempt + 1 if current else 1
         self.run(self.live.open(self.session_id, key, attempt))
-        self.attempts[key] = OpenAttempt(attempt)
+        opened = self.attempts[key] = OpenAttempt(attempt)
         # Opening an attempt is the only thing that stands for a model request.
         self.model_requests += 1
         self.attempts_opened += 1
+        return opened
 
     @rule(
         key=st.sampled_from(KEYS), pieces=st.lists(st.text("abc xyz", min_size=1, max_size=4), min_size=1, max_size=3)
     )
     def chunks(self, key: str, pieces: list[str]) -> None:
-        current = self.attempts.get(key)
-        assume(current is not None)
-        assert current is not None
+        # Streaming is where frame order matters most: a key with no open attempt opens one first
+        # (rather than discarding the step), so every example streams.
+        current = self.attempts.get(key) or self._open(key)
         self.run(self.live.chunks(self.session_id, key, current.attempt, len(current.chunks), *pieces))
         current.chunks += pieces
 
-    @rule(key=st.sampled_from(KEYS), cancel=st.booleans())
-    def finish(self, key: str, cancel: bool) -> None:
-        current = self.attempts.pop(key, None)
-        assume(current is not None)
-        assert current is not None
+    def _open_key(self, pick: int) -> str:
+        # Drawn independently of which attempts are open, so replaying an example draws the same data.
+        return sorted(self.attempts)[pick % len(self.attempts)]
+
+    @precondition(lambda self: bool(self.attempts))
+    @rule(pick=st.integers(0, 1), cancel=st.booleans())
+    def finish(self, pick: int, cancel: bool) -> None:
+        key = self._open_key(pick)
+        current = self.attempts.pop(key)
         if cancel:
             self.run(self.live.cancel(self.session_id, key, current.attempt))
         else:
@@ -191,7 +241,7 @@ class FollowModel(RuleBasedStateMachine):
             await self.service.stop(grace=0)
             await self._start()
             # The runtime waits for its connection to come back before publishing again.
-            await asyncio.wait_for(self.channel.channel_ready(), 20)
+            await within(self.channel.channel_ready(), 20, "the runtime's channel to reach the restarted server")
 
         self.run(restart())
         self.attempts.clear()
@@ -224,6 +274,9 @@ class FollowModel(RuleBasedStateMachine):
         target = (probe.stream_generation, probe.seq)
         deadline = self.loop.time() + 20
         while True:
+            for follower in self.followers:
+                if follower.task.done():
+                    raise AssertionError(f"a follower stopped following: {follower.task.exception()!r}")
             cursors = [f.client.store.cursor for f in self.followers]
             if all(
                 c is not None and (c.stream_generation, c.seq) >= target and f.client.store.live
@@ -234,7 +287,9 @@ class FollowModel(RuleBasedStateMachine):
             await asyncio.sleep(0.01)
         durable = await self.live.server_messages(self.session_id)
         expected_prefixes = {key: "".join(a.chunks) for key, a in self.attempts.items()}
-        for follower in self.followers:
+        for index, follower in enumerate(self.followers):
+            assert not follower.out_of_order, f"follower {index} got frames out of order: {follower.out_of_order}"
+            assert follower.arrived == sorted(set(follower.arrived)), f"follower {index}: {follower.arrived}"
             store = follower.client.store
             mine = store.ordered_messages()
             assert mine == durable[-len(mine) :] if mine else not durable
@@ -249,7 +304,11 @@ class FollowModel(RuleBasedStateMachine):
         async def end() -> None:
             for follower in self.followers:
                 follower.client.stop()
-            await asyncio.gather(*(f.task for f in self.followers), return_exceptions=True)
+            await within(
+                asyncio.gather(*(f.task for f in self.followers), return_exceptions=True),
+                20,
+                "the followers to stop",
+            )
             await self.channel.close()
             if self.service is not None:
                 await self.service.stop(grace=0)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from deadline_testing import deadline
 from gateway_testing import SERVICE_TOKEN, gateway_settings
 from starlette.types import Receive, Scope, Send
 from websockets.asyncio.client import ClientConnection, connect
@@ -86,9 +87,11 @@ async def live_gateway(
     server = GatewayServer(uvicorn_config(settings, capture_state), data_dir)
     task = asyncio.create_task(server.serve(sockets=[listener]))
     try:
-        while not server.started:
-            assert not task.done(), "the gateway did not start"
-            await asyncio.sleep(0.01)
+        async with deadline(30, "the gateway to start"):
+            # Polling: uvicorn offers no event for having started.
+            while not server.started:
+                assert not task.done(), "the gateway did not start"
+                await asyncio.sleep(0.01)
         assert server.port is not None
 
         async def stop() -> None:
@@ -123,29 +126,40 @@ async def follower(
 
 async def receive_json(websocket: ClientConnection, seconds: float = 10) -> dict[str, Any]:
     """The next message, which must be a JSON text object."""
-    text = await asyncio.wait_for(websocket.recv(), seconds)
+    async with deadline(seconds, "a message from the gateway"):
+        return await _receive(websocket)
+
+
+async def _receive(websocket: ClientConnection) -> dict[str, Any]:
+    text = await websocket.recv()
     assert isinstance(text, str), text
     message = json.loads(text)
     assert isinstance(message, dict), message
     return message
 
 
+def _types(messages: list[dict[str, Any]]) -> list[str]:
+    return [str(message.get("type")) for message in messages]
+
+
 async def receive_frames(websocket: ClientConnection, kinds: set[str], seconds: float = 10) -> list[dict[str, Any]]:
-    """Messages up to and including the first whose type is in `kinds`, heartbeats left out."""
+    """Messages up to and including the first whose type is in `kinds`, heartbeats left out, within
+    `seconds` in all: a dropped frame or a missing resync fails here, naming what did arrive."""
     frames: list[dict[str, Any]] = []
-    while True:
-        message = await receive_json(websocket, seconds)
-        if message["type"] == "heartbeat":
-            continue
-        frames.append(message)
-        if message["type"] in kinds:
-            return frames
+    async with deadline(seconds, lambda: f"a message of type {sorted(kinds)}; the gateway sent {_types(frames)}"):
+        while True:
+            message = await _receive(websocket)
+            if message["type"] == "heartbeat":
+                continue
+            frames.append(message)
+            if message["type"] in kinds:
+                return frames
 
 
 async def receive_until_closed(websocket: ClientConnection, seconds: float = 10) -> tuple[list[dict[str, Any]], int]:
     """Every message left (heartbeats included) and the close code the server sent."""
     messages: list[dict[str, Any]] = []
-    async with asyncio.timeout(seconds):
+    async with deadline(seconds, lambda: f"the gateway to close the socket; it sent {_types(messages)}"):
         try:
             while True:
                 text = await websocket.recv()
@@ -155,6 +169,25 @@ async def receive_until_closed(websocket: ClientConnection, seconds: float = 10)
             pass
     assert websocket.close_code is not None
     return messages, websocket.close_code
+
+
+async def read_direct_until(call: Any, kind: str, seconds: float = 10) -> list[transcript_service_pb2.FollowResponse]:
+    """Frames of a direct Follow call up to and including the first of `kind`, heartbeats left out,
+    within `seconds` in all."""
+    frames: list[transcript_service_pb2.FollowResponse] = []
+
+    def seen() -> list[str | None]:
+        return [frame.WhichOneof("frame") for frame in frames]
+
+    async with deadline(seconds, lambda: f"a {kind} frame on the direct Follow stream; it sent {seen()}"):
+        while True:
+            frame = await call.read()
+            assert frame is not grpc.aio.EOF, f"the direct Follow stream ended after {seen()}"
+            if frame.WhichOneof("frame") == "heartbeat":
+                continue
+            frames.append(frame)
+            if frame.WhichOneof("frame") == kind:
+                return frames
 
 
 def error_reason(message: dict[str, Any]) -> str:

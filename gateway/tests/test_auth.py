@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 import re
+import uuid
 from pathlib import Path
 
 import httpx
 import pytest
-from gateway_testing import ALICE_TOKEN, assert_error, bearer, gateway_settings, serving, unused_address
+from gateway_testing import ALICE_TOKEN, BOB_TOKEN, assert_error, bearer, gateway_settings, serving, unused_address
 from pydantic import SecretStr, ValidationError
 
 from continuum_gateway.app import create_app
@@ -52,6 +53,52 @@ async def test_a_known_token_passes_authentication(offline_gateway: httpx.AsyncC
     # Past authentication the request reaches the (absent) upstream: 503, not 401.
     response = await offline_gateway.get("/v1/sessions", headers=bearer(ALICE_TOKEN))
     assert_error(response, 503, "UNAVAILABLE")
+
+
+# The gateway derives the acting user from the bearer token alone: the header the services read it
+# from is the gateway's to set, never the browser's.
+ACTING_USER_HEADERS = [{"x-continuum-user": "alice"}, {"X-Continuum-User": "alice"}]
+
+
+@pytest.mark.parametrize("claimed", ACTING_USER_HEADERS, ids=["lower-case", "mixed-case"])
+async def test_a_client_sent_acting_user_header_is_ignored(gateway: httpx.AsyncClient, claimed: dict[str, str]) -> None:
+    alice_session = f"s-{uuid.uuid4().hex[:12]}"
+    created = await gateway.post("/v1/sessions", headers=bearer(ALICE_TOKEN), json={"sessionId": alice_session})
+    assert created.status_code == 201, created.text
+    bob = {**bearer(BOB_TOKEN), **claimed}
+    injected = {"role": "MESSAGE_ROLE_USER", "content": [{"text": "written as alice"}]}
+
+    for response in (
+        await gateway.get(f"/v1/sessions/{alice_session}", headers=bob),
+        await gateway.get(f"/v1/sessions/{alice_session}/messages", headers=bob),
+        await gateway.post(f"/v1/sessions/{alice_session}/messages", headers=bob, json={"messages": [injected]}),
+        await gateway.get(f"/v1/sessions/{alice_session}/compaction", headers=bob),
+    ):
+        assert_error(response, 403, "PERMISSION_DENIED", "SESSION_PERMISSION_DENIED")
+    unchanged = await gateway.get(f"/v1/sessions/{alice_session}/messages", headers=bearer(ALICE_TOKEN))
+    assert unchanged.status_code == 200, unchanged.text
+    assert unchanged.json().get("messages", []) == []
+    listed = await gateway.get("/v1/sessions", headers=bob, params={"pageSize": 1000})
+    assert listed.status_code == 200, listed.text
+    assert alice_session not in [s["sessionId"] for s in listed.json().get("sessions", [])]
+    # What Bob creates is Bob's, whoever the header names.
+    bob_session = f"s-{uuid.uuid4().hex[:12]}"
+    made = await gateway.post("/v1/sessions", headers=bob, json={"sessionId": bob_session})
+    assert made.status_code == 201, made.text
+    assert made.json()["session"]["owner"] == "bob"
+    assert (await gateway.get(f"/v1/sessions/{bob_session}", headers=bearer(BOB_TOKEN))).status_code == 200
+    assert_error(
+        await gateway.get(f"/v1/sessions/{bob_session}", headers=bearer(ALICE_TOKEN)),
+        403,
+        "PERMISSION_DENIED",
+        "SESSION_PERMISSION_DENIED",
+    )
+
+
+@pytest.mark.parametrize("claimed", ACTING_USER_HEADERS, ids=["lower-case", "mixed-case"])
+async def test_an_acting_user_header_is_no_credential(gateway: httpx.AsyncClient, claimed: dict[str, str]) -> None:
+    for headers in (claimed, {**claimed, "Authorization": "Bearer not-a-known-token"}):
+        assert_error(await gateway.get("/v1/sessions", headers=headers), 401, "UNAUTHENTICATED", "UNAUTHENTICATED")
 
 
 async def test_dev_token_acts_as_dev(tmp_path: Path) -> None:

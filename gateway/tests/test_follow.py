@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deadline_testing import deadline
 from gateway_testing import ALICE_TOKEN, BOB_TOKEN
 from gateway_ws_testing import (
     HELLO,
@@ -20,6 +21,7 @@ from gateway_ws_testing import (
     error_reason,
     follower,
     live_gateway,
+    read_direct_until,
     receive_frames,
     receive_json,
     receive_until_closed,
@@ -57,7 +59,7 @@ async def live(transcript: GrpcService, tmp_path_factory: pytest.TempPathFactory
 
 
 async def _eventually(condition: Callable[[], bool], seconds: float = 10) -> None:
-    async with asyncio.timeout(seconds):
+    async with deadline(seconds, f"the condition on line {condition.__code__.co_firstlineno} of {Path(__file__).name}"):
         # Polling: what is awaited (a counter, a log record) has no event to wait on.
         while not condition():  # noqa: ASYNC110
             await asyncio.sleep(0.02)
@@ -122,8 +124,7 @@ async def test_published_frames_are_relayed_one_to_one(
     try:
         async with follower(live, session_id, ALICE_TOKEN) as websocket:
             await receive_frames(websocket, {"snapshotEnd"})
-            while (await direct.read()).WhichOneof("frame") != "snapshot_end":
-                pass
+            await read_direct_until(direct, "snapshot_end")
 
             stub, metadata = transcript_client.stub, transcript_client.metadata("alice")
             await transcript_client.append(session_id, "follow-up")
@@ -147,11 +148,7 @@ async def test_published_frames_are_relayed_one_to_one(
                 metadata=metadata,
             )
 
-            expected: list[dict[str, Any]] = []
-            while not expected or expected[-1]["type"] != "settlement":
-                frame = await asyncio.wait_for(direct.read(), 10)
-                if frame.WhichOneof("frame") != "heartbeat":
-                    expected.append(_as_relayed(frame))
+            expected = [_as_relayed(frame) for frame in await read_direct_until(direct, "settlement")]
             relayed = await receive_frames(websocket, {"settlement"})
     finally:
         direct.cancel()
@@ -317,6 +314,52 @@ async def test_upstream_refusals_become_an_error_message_and_close_code(
     await _eventually(lambda: live.upstreams.open_follows == 0)
 
 
+@pytest.mark.parametrize("bob_by_header", [False, True], ids=["subprotocol-token", "header-token"])
+async def test_a_client_sent_acting_user_header_is_ignored(
+    live: LiveGateway, transcript_client: Transcript, bob_by_header: bool
+) -> None:
+    """The acting user comes from the token only: Bob naming Alice in the header the services read
+    the user from is still Bob, refused on Alice's session, and sees his own as Bob."""
+    alice_session = await transcript_client.new_session("alice")
+    bob_session = await transcript_client.new_session("bob")
+    claimed = {"x-continuum-user": "alice"}
+    if bob_by_header:
+        claimed["Authorization"] = f"Bearer {BOB_TOKEN}"
+        subprotocols = [Subprotocol(FOLLOW_SUBPROTOCOL)]
+    else:
+        subprotocols = [Subprotocol(FOLLOW_SUBPROTOCOL), Subprotocol(bearer_subprotocol(BOB_TOKEN))]
+
+    def connecting(session_id: str) -> Any:
+        return connect(live.url(session_id), subprotocols=subprotocols, additional_headers=claimed, open_timeout=10)
+
+    async with connecting(alice_session) as websocket:
+        await websocket.send(json.dumps(HELLO))
+        messages, code = await receive_until_closed(websocket)
+    assert [error_reason(m) for m in messages] == ["SESSION_PERMISSION_DENIED"]
+    assert code == 4403
+    async with connecting(bob_session) as websocket:
+        await websocket.send(json.dumps(HELLO))
+        assert (await receive_frames(websocket, {"snapshotEnd"}))[0]["type"] == "handshake"
+        assert _hub(live, bob_session, "bob") is not None
+        assert _hub(live, bob_session, "alice") is None
+
+
+async def test_an_acting_user_header_is_no_websocket_credential(
+    live: LiveGateway, transcript_client: Transcript
+) -> None:
+    session_id = await transcript_client.new_session("alice")
+    async with connect(
+        live.url(session_id),
+        subprotocols=[Subprotocol(FOLLOW_SUBPROTOCOL)],
+        additional_headers={"x-continuum-user": "alice"},
+        open_timeout=10,
+    ) as websocket:
+        messages, code = await receive_until_closed(websocket)
+    assert [error_reason(m) for m in messages] == ["UNAUTHENTICATED"]
+    assert code == 4401
+    assert live.upstreams.open_follows == 0
+
+
 @pytest.mark.parametrize(
     ("subprotocols", "headers", "query"),
     [
@@ -417,7 +460,7 @@ async def test_stopping_the_gateway_closes_followers_and_their_streams(
         async with follower(gateway, session_id, ALICE_TOKEN) as websocket:
             await receive_frames(websocket, {"snapshotEnd"})
             assert upstreams.open_follows == 1
-            async with asyncio.timeout(10):
+            async with deadline(10, "the gateway to stop with a follower connected"):
                 await gateway.stop()
             _, code = await receive_until_closed(websocket)
     assert code == 1012  # service restart
@@ -540,8 +583,7 @@ async def test_browsers_of_one_user_share_one_upstream_stream_and_each_gets_its_
                 records = second_frames[2]["snapshotRecords"]["messages"]
                 assert [m["content"][0]["text"] for m in records] == ["one", "two", "three"]
                 assert live.upstreams.open_follows == 2  # the hub's, and the second browser's own
-                while (await direct.read()).WhichOneof("frame") != "snapshot_end":
-                    pass
+                await read_direct_until(direct, "snapshot_end")
                 # Its first live frame is a switch point: from there on, one upstream stream for both.
                 await transcript_client.append(session_id, "four")
                 await _eventually(lambda: live.upstreams.open_follows == 1)
@@ -552,9 +594,7 @@ async def test_browsers_of_one_user_share_one_upstream_stream_and_each_gets_its_
                 await transcript_client.append(session_id, "five")
                 relayed: list[dict[str, Any]] = []
                 while not relayed or "five" not in _batch_texts(relayed[-1:]):
-                    frame = await asyncio.wait_for(direct.read(), 10)
-                    if frame.WhichOneof("frame") != "heartbeat":
-                        relayed.append(_as_relayed(frame))
+                    relayed += [_as_relayed(frame) for frame in await read_direct_until(direct, "batch")]
                 # From "four" on (the direct stream's own snapshot may be older).
                 expected = relayed[[_batch_texts([f]) for f in relayed].index(["four"]) :]
                 first_live = await _frames_until_text(first, "five")

@@ -40,6 +40,11 @@ def _upgrade_locked(connection: Connection, migrations_dir: Path, schema: str, t
         connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _lock_key(schema)})
         connection.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
         connection.commit()
+    else:
+        # Begun here, so Alembic finds a transaction open and begins none of its own: its
+        # per-migration transactions would free the writer lock between two migrations, and a
+        # concurrent run slipping in there would migrate past the version this run planned from.
+        connection.begin()
     try:
         command.upgrade(_config(migrations_dir, schema, connection), target)
         connection.commit()

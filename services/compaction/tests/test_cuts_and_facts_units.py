@@ -6,12 +6,14 @@ import json
 
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum_compaction.cuts import (
+    CutPlan,
     Unit,
     batches,
     completed_rounds,
     newest_turns_within,
     plan_cut,
     safe_boundary,
+    should_compact,
     split_turns,
 )
 from continuum_compaction.facts import Fact, extract_facts, is_kept, missing_facts, with_preserved_facts
@@ -88,6 +90,39 @@ def test_a_second_mid_loop_compaction_offers_the_rounds_left_after_the_first() -
     (unit,) = plan_cut(history, recent_turns=2, mid_loop=True).candidates
     assert sorted(unit.ids) == [5, 6, 7, 8] and not unit.holds_current_request
     assert plan_cut(history, recent_turns=0, mid_loop=False).candidates == ()
+
+
+def test_only_tool_calls_start_rounds() -> None:
+    # A text-only assistant message is a complete step but starts no round: the latest round is the
+    # last tool call's, and the text after it stays with it, verbatim.
+    turn = [
+        message(1, "u"),
+        message(2, "a"),
+        message(3, "a", calls=("c1",)),
+        message(4, "t", answers="c1"),
+        message(5, "a"),
+    ]
+    history = load_history(0, turn)
+    assert completed_rounds(history.view, 1) == 5
+    (unit,) = plan_cut(history, recent_turns=0, mid_loop=True).candidates
+    assert sorted(unit.ids) == [1, 2] and unit.holds_current_request
+
+
+def test_the_trigger_holds_exactly_at_the_threshold_and_the_minimum() -> None:
+    plan = CutPlan((Unit(tuple(LoadedMessage.of(message(n, "u" if n == 1 else "a")) for n in (1, 2, 3))),))
+
+    def due(tokens: int, minimum: int) -> bool:
+        return should_compact(
+            estimated_tokens=tokens,
+            window_tokens=1000,
+            trigger_ratio=0.5,
+            plan=plan,
+            min_compact_messages=minimum,
+            min_new_messages=1,
+        )
+
+    assert due(500, 3) and not due(499, 3)
+    assert not due(500, 4)
 
 
 def test_batches_respect_the_soft_limit_and_the_round_cap() -> None:

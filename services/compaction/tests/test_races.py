@@ -8,12 +8,14 @@ from pathlib import Path
 import grpc
 import pytest
 from compaction_testing import ScriptedProvider, Stack, eventually, running_stack
+from sqlalchemy import text
 from transcript_testing import assistant, refused, user
 
 from continuum.compaction.events.v1 import events_pb2
 from continuum.compaction.v1 import compaction_service_pb2 as api
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as tapi
+from continuum_runtime.database import Database
 
 postgres_only = pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 
@@ -138,3 +140,97 @@ async def test_an_edit_after_the_summary_is_refused_and_changes_nothing_postgres
         # After the boundary, editing works as before.
         later = tapi.EditUserMessageRequest(session_id="s1", message_id=ids[-1], content=[tpb.ContentPart(text="x")])
         assert (await stack.transcript.stub.EditUserMessage(later, metadata=stack.user())).message.message_id == ids[-1]
+
+
+async def _lock_waiters(database: Database) -> int:
+    async with database.connection() as connection:
+        found = await connection.scalar(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        )
+    return int(found or 0)
+
+
+async def _until_waiting(database: Database, count: int, what: str) -> None:
+    try:
+        await eventually(lambda: _at_least(database, count))
+    except AssertionError:
+        raise AssertionError(f"expected {count} statements waiting on a lock: {what}") from None
+
+
+async def _at_least(database: Database, count: int) -> bool:
+    return await _lock_waiters(database) >= count
+
+
+@postgres_only
+@pytest.mark.parametrize("existing_record", [False, True], ids=["first_insert", "update"])
+async def test_the_record_compare_and_set_decides_when_a_crashed_compaction_left_the_fence_postgres(
+    tmp_path: Path, database_url: str, existing_record: bool
+) -> None:
+    """A compaction that moved transcript's fence and crashed before storing its record leaves the fence
+    at the boundary the next compactions choose: they skip the fence, so only the record's own
+    compare-and-set is left to pick one winner."""
+    async with running_stack(tmp_path, database_url) as stack:
+        await stack.new_session("s1")
+        ids = await _turns(stack, 4)
+        fence_before = 0
+        if existing_record:
+            await stack.put_record("s1", ids[1], "first summary")
+            await _set_fence(stack, ids[1], fence_before)
+            fence_before = ids[1]
+        # The crashed compaction: the fence sits where the next summary will end, no record says so.
+        boundary = ids[-2]
+        await _set_fence(stack, boundary, fence_before)
+
+        # Hold compaction's event table: the first compaction's record write takes effect but cannot
+        # commit (its event goes in the same transaction), so the second one's compare-and-set on the
+        # record queues behind it and is decided by the first one's committed row.
+        async with stack.database.transaction() as holder:
+            await holder.execute(text("LOCK TABLE compaction_events IN EXCLUSIVE MODE"))
+            first = asyncio.create_task(stack.build("s1", run_id="run-first"))
+            await _until_waiting(stack.database, 1, "the first compaction's event, behind the table lock")
+            second = asyncio.create_task(stack.build("s1", run_id="run-second"))
+            await _until_waiting(stack.database, 2, "the second compaction's record write, behind the first")
+            assert not first.done() and not second.done()
+        won, lost = await asyncio.gather(first, second)
+
+        assert won.compaction.outcome == events_pb2.COMPACTION_OUTCOME_COMPACTED, won.compaction
+        assert lost.compaction.outcome == events_pb2.COMPACTION_OUTCOME_CONFLICT, lost.compaction
+        assert won.boundary_message_id == boundary
+        # The loser reloaded the winner's record and called the model no second time.
+        assert len(stack.provider.calls) == 2
+        assert lost.boundary_message_id == boundary
+        assert lost.messages[0].content[0].text == won.messages[0].content[0].text
+        assert [m.message_id for m in lost.messages if m.message_id] == [ids[-1]]
+        rows = await stack.record_rows("s1")
+        assert len(rows) == 1 and rows[0][0] == boundary
+        # The stored record is the winner's, with the bookkeeping added once to what was there (the
+        # staged record counted nothing), not the loser's as well.
+        stored = (await stack.summary("s1")).summary
+        assert stored.compact_count == (2 if existing_record else 1)
+        assert (stored.input_tokens, stored.output_tokens, stored.model) == (10, 5, stack.provider.model)
+        assert stored.update_time.ToMilliseconds() > 0
+        if existing_record:
+            assert stored.create_time.ToMilliseconds() == 0  # as staged: an update keeps it
+        else:
+            assert stored.create_time == stored.update_time
+        session = await stack.transcript.stub.GetSession(tapi.GetSessionRequest(session_id="s1"), metadata=stack.user())
+        assert session.session.compaction_fence_message_id == boundary
+        events = await stack.stub.ListCompactionEvents(
+            api.ListCompactionEventsRequest(session_id="s1"), metadata=stack.user()
+        )
+        assert {(e.run_id, e.outcome) for e in events.events} == {
+            ("run-first", events_pb2.COMPACTION_OUTCOME_COMPACTED),
+            ("run-second", events_pb2.COMPACTION_OUTCOME_CONFLICT),
+        }
+
+
+async def _set_fence(stack: Stack, message_id: int, expected_fence: int) -> None:
+    request = tapi.SetCompactionFenceRequest(
+        session_id="s1",
+        message_id=message_id,
+        expected_history_generation=1,
+        expected_fence_message_id=expected_fence,
+    )
+    await stack.transcript.stub.SetCompactionFence(request, metadata=stack.user())

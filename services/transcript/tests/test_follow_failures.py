@@ -9,6 +9,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import grpc
 import pytest
+from deadline_testing import within
 from transcript_testing import (
     SERVICE_TOKEN,
     Follower,
@@ -141,10 +142,10 @@ async def test_sigkill_mid_stream_loses_nothing_persisted_and_never_completes_th
         follower = asyncio.create_task(follow())
         enough = asyncio.Event()
         runtime = asyncio.create_task(_runtime(stub, acknowledged, enough))
-        await asyncio.wait_for(enough.wait(), 60)
+        await within(enough.wait(), 60, "the runtime to finish six turns while followed")
         process.send_signal(signal.SIGKILL)
         await process.wait()
-        await asyncio.wait_for(asyncio.gather(follower, runtime), 30)
+        await within(asyncio.gather(follower, runtime), 30, "the Follow stream and the runtime to end after SIGKILL")
     finally:
         await channel.close()
         if process.returncode is None:
@@ -164,7 +165,7 @@ async def test_sigkill_mid_stream_loses_nothing_persisted_and_never_completes_th
             ),
             metadata=alice,
         )
-        handshake = await again.read()
+        handshake = await within(again.read(), 10, "the restarted server's handshake")
         assert handshake.handshake.mode == fpb.FOLLOW_MODE_BASELINE, "a new process is a new stream generation"
         assert handshake.stream_generation > old_generation
         again.cancel()

@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import Connection, inspect, text
+from sqlalchemy import Connection, event, inspect, text
 
 from continuum_runtime import migrations
 from continuum_runtime.database import Database
@@ -90,3 +93,48 @@ async def test_message_sizes_previews_and_flags_are_backfilled(database_url: str
     assert found[1][2].startswith("word word") and len(found[1][2]) <= 200
     assert found[3][2] == "", "tool call arguments are no text to preview"
     assert [bool(row[3]) for row in found] == [False, False, True, False]
+
+
+def test_on_sqlite_no_run_lets_another_in_before_it_is_done(tmp_path: Path) -> None:
+    """The worst interleaving of concurrent runs, forced: wherever a run would begin a further
+    transaction after its first (and so let another process take SQLite's writer lock between two of
+    its migrations), a whole other `migrate` process runs first. That other run must not start from
+    a version this run already planned past; both succeed and the schema is the code's."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'transcript.db'}"
+    database = Database(url, schema="transcript")
+    interleaved: list[tuple[int, str]] = []
+    begins = 0
+
+    # Right before each BEGIN IMMEDIATE of this run, when SQLite's writer lock is free for anyone.
+    @event.listens_for(database.engine.sync_engine, "before_cursor_execute")
+    def _another_run_slips_in(_connection: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        nonlocal begins
+        if statement != "BEGIN IMMEDIATE":
+            return
+        begins += 1
+        if begins > 1:
+            other = subprocess.run(
+                [sys.executable, "-m", "continuum_transcript", "migrate"],
+                env={**os.environ, "TRANSCRIPT_DATABASE_URL": url},
+                capture_output=True,
+                timeout=60,
+                check=False,
+            )
+            interleaved.append((other.returncode, other.stderr.decode()[-2000:]))
+
+    async def upgrade_and_check() -> None:
+        try:
+            await migrations.upgrade(database, MIGRATIONS_DIR)
+            event.remove(database.engine.sync_engine, "before_cursor_execute", _another_run_slips_in)
+            assert await migrations.current_revision(database, MIGRATIONS_DIR) == "0005"
+            async with database.connection() as connection:
+                assert await connection.run_sync(_differences) == []
+        finally:
+            await database.dispose()
+
+    asyncio.run(upgrade_and_check())
+    assert [code for code, _ in interleaved] == [0] * len(interleaved), interleaved
+
+
+def _differences(connection: Connection) -> list[object]:
+    return list(compare_metadata(MigrationContext.configure(connection), metadata))

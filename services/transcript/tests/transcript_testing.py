@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 import pytest
+from deadline_testing import deadline
 from process_testing import serve_module
 from pydantic import SecretStr
 
@@ -138,22 +139,28 @@ class Follower:
         self.frames: list[Any] = []
 
     async def next(self, *, heartbeats: bool = False, seconds: float = 10.0) -> Any:
-        """The next frame."""
+        """The next frame, within `seconds` (heartbeats arriving meanwhile do not extend it)."""
+        async with deadline(seconds, "the next Follow frame (heartbeats only arrived)"):
+            return await self._read(heartbeats)
+
+    async def until(self, kind: str, *, seconds: float = 10.0) -> list[Any]:
+        """Frames up to and including the first of `kind`, within `seconds` in all: a dropped frame or a
+        missing resync fails here, naming what did arrive."""
+        seen: list[Any] = []
+        async with deadline(seconds, lambda: f"a {kind} frame; the Follow stream sent {kinds(seen)}"):
+            while True:
+                frame = await self._read(heartbeats=False)
+                seen.append(frame)
+                if frame.WhichOneof("frame") == kind:
+                    return seen
+
+    async def _read(self, heartbeats: bool) -> Any:
         while True:
-            frame = await asyncio.wait_for(self.call.read(), seconds)
-            assert frame is not grpc.aio.EOF, "the stream ended"
+            frame = await self.call.read()
+            assert frame is not grpc.aio.EOF, f"the stream ended after {kinds(self.frames)}"
             if heartbeats or frame.WhichOneof("frame") != "heartbeat":
                 self.frames.append(frame)
                 return frame
-
-    async def until(self, kind: str, *, seconds: float = 10.0) -> list[Any]:
-        """Frames up to and including the first of `kind`."""
-        seen = []
-        while True:
-            frame = await self.next(seconds=seconds)
-            seen.append(frame)
-            if frame.WhichOneof("frame") == kind:
-                return seen
 
     def close(self) -> None:
         """Disconnect (never a cancel of anything the runtime does)."""
