@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO
 
+from deadline_testing import eventually
+
 
 def alive(pid: int) -> bool:
     """True while `pid` exists and is not a zombie."""
@@ -59,10 +61,10 @@ async def serve_module(module: str, name: str, data_dir: Path, env: Mapping[str,
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", module, "serve", env={**os.environ, **env}, stderr=log
         )
-    for _ in range(400):
-        if port_file.exists():
-            return process, int(port_file.read_text())
-        await asyncio.sleep(0.05)
-    process.kill()
-    await process.wait()
-    raise AssertionError(f"{module} did not start")
+    try:
+        await eventually(port_file.exists, what=f"{module} to start (its port file)", seconds=20, interval=0.05)
+    except AssertionError:
+        process.kill()
+        await process.wait()
+        raise
+    return process, int(port_file.read_text())

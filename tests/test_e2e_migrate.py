@@ -8,12 +8,12 @@ import os
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+from deadline_testing import wait_for
 
 from continuum.transcript.v1 import transcript_service_pb2, transcript_service_pb2_grpc
 from continuum_runtime.auth import call_metadata
@@ -69,11 +69,8 @@ def transcript_port(tmp_path: Path) -> Iterator[int]:
     )
     port_file = data_dir / "run" / "transcript.port"
     try:
-        deadline = time.monotonic() + 60
-        while not port_file.exists():
-            assert process.poll() is None, "transcript exited at start"
-            assert time.monotonic() < deadline, "transcript did not start"
-            time.sleep(0.05)
+        wait_for(lambda: port_file.exists() or process.poll() is not None, what="transcript to start", seconds=60)
+        assert process.poll() is None, "transcript exited at start"
         yield int(port_file.read_text())
     finally:
         process.terminate()

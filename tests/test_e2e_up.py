@@ -8,13 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import httpx
 import pytest
+from deadline_testing import wait_for
 from process_testing import alive, children_of, runs
 
 from continuum.transcript.v1 import transcript_service_pb2 as api
@@ -37,15 +37,6 @@ def newcomer_env() -> dict[str, str]:
         for key, value in os.environ.items()
         if not key.startswith(("TRANSCRIPT_", "COMPACTION_", "GATEWAY_", "CONTINUUM_"))
     }
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str, diagnostics: Callable[[], str]) -> None:
-    """Poll `condition` until true; fail with `diagnostics()` (the supervisor's output and logs) otherwise."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}\n{diagnostics()}")
-        time.sleep(0.1)
 
 
 class Run:
@@ -116,7 +107,7 @@ class Run:
             self.supervisor_running()
             return all(self.port(name) is not None for name in COMPONENTS)
 
-        wait_for(port_files_written, START_TIMEOUT, "the port files", self.diagnostics)
+        wait_for(port_files_written, what="the port files", seconds=START_TIMEOUT, diagnostics=self.diagnostics)
         base_url = f"http://127.0.0.1:{self.port('gateway')}"
         with httpx.Client(base_url=base_url, timeout=10.0, trust_env=False) as client:
 
@@ -127,7 +118,7 @@ class Run:
                 except httpx.TransportError:
                     return False
 
-            wait_for(ready, START_TIMEOUT, "GET /readyz 200", self.diagnostics)
+            wait_for(ready, what="GET /readyz 200", seconds=START_TIMEOUT, diagnostics=self.diagnostics)
             self.remember_children()
             client.headers["Authorization"] = f"Bearer {(self.data_dir / 'dev-token').read_text().strip()}"
             yield client
@@ -255,7 +246,7 @@ def wait_for_output(output: Path, text: str, run: Run) -> None:
     def diagnostics() -> str:
         return f"--- {output.name}:\n{output.read_text(errors='replace')}\n{run.diagnostics()}"
 
-    wait_for(shown, COMMAND_TIMEOUT, f"{text!r} in {output.name}", diagnostics)
+    wait_for(shown, what=f"{text!r} in {output.name}", seconds=COMMAND_TIMEOUT, diagnostics=diagnostics)
 
 
 def test_an_operator_follows_and_cleans_up_what_up_started_with_no_token_exported(run: Run, tmp_path: Path) -> None:

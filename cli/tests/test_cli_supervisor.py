@@ -7,12 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from deadline_testing import wait_for
 from process_testing import alive, children_of, runs
 
 HERE = Path(__file__).parent
@@ -51,14 +51,6 @@ class Up:
 
 
 StartUp = Callable[..., Up]
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -108,7 +100,7 @@ def start_up(tmp_path: Path) -> Iterator[StartUp]:
 
 
 def wait_until_up(up: Up) -> None:
-    wait_for(lambda: "Press Ctrl-C" in up.stdout() or up.process.poll() is not None, 30, "the summary")
+    wait_for(lambda: "Press Ctrl-C" in up.stdout() or up.process.poll() is not None, what="the summary", seconds=30)
     assert up.process.poll() is None, up.stderr()
 
 
@@ -268,7 +260,7 @@ def test_second_interrupt_skips_the_grace_period(start_up: StartUp) -> None:
     wait_until_up(up)
     pids = up.pids()
     up.process.send_signal(signal.SIGINT)
-    wait_for(lambda: "stopping" in up.stdout(), 5, "the supervisor to start stopping")
+    wait_for(lambda: "stopping" in up.stdout(), what="the supervisor to start stopping", seconds=5)
 
     up.process.send_signal(signal.SIGINT)
 

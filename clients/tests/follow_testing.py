@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import transcript_testing
-from deadline_testing import deadline, within
+from deadline_testing import within
 from transcript_testing import SERVICE_TOKEN, transcript_settings
 from transcript_testing import tool as tool  # re-exported for the client tests
 from transcript_testing import user as user
@@ -150,15 +150,6 @@ async def following(client: FollowClient) -> AsyncIterator[asyncio.Task[None]]:
     finally:
         client.stop()
         await within(task, 10, "the Follow client to stop")
-
-
-async def eventually(check: Callable[[], object], *, what: str, seconds: float = 10.0) -> None:
-    """Wait until `check()` is truthy (polling), or fail naming `what`: a follower that missed a frame
-    or a resync fails here, not at pytest's global timeout."""
-    async with deadline(seconds, what):
-        # Polling: the client's store has no event to wait on.
-        while not check():  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
 
 
 def text(message: pb.Message) -> str:

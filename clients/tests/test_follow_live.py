@@ -9,12 +9,11 @@ from pathlib import Path
 
 import grpc
 import pytest
-from deadline_testing import within
+from deadline_testing import eventually, within
 from follow_testing import (
     FAST,
     Live,
     assistant,
-    eventually,
     following,
     op_event,
     op_message,

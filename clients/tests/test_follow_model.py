@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from deadline_testing import within
+from deadline_testing import eventually, within
 from follow_testing import FAST, Live, assistant, settings, sqlite_url, texts, user
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
@@ -272,19 +272,23 @@ class FollowModel(RuleBasedStateMachine):
             api.PublishBatchRequest(session_id=self.session_id, wait_durable=True), metadata=self.live.metadata
         )
         target = (probe.stream_generation, probe.seq)
-        deadline = self.loop.time() + 20
-        while True:
+
+        def caught_up() -> bool:
             for follower in self.followers:
                 if follower.task.done():
                     raise AssertionError(f"a follower stopped following: {follower.task.exception()!r}")
-            cursors = [f.client.store.cursor for f in self.followers]
-            if all(
-                c is not None and (c.stream_generation, c.seq) >= target and f.client.store.live
-                for c, f in zip(cursors, self.followers, strict=True)
-            ):
-                break
-            assert self.loop.time() < deadline, f"followers did not reach {target}: {cursors}"
-            await asyncio.sleep(0.01)
+            return all(
+                (cursor := f.client.store.cursor) is not None
+                and (cursor.stream_generation, cursor.seq) >= target
+                and f.client.store.live
+                for f in self.followers
+            )
+
+        await eventually(
+            caught_up,
+            what=lambda: f"followers at {target}: {[f.client.store.cursor for f in self.followers]}",
+            seconds=20,
+        )
         durable = await self.live.server_messages(self.session_id)
         expected_prefixes = {key: "".join(a.chunks) for key, a in self.attempts.items()}
         for index, follower in enumerate(self.followers):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import transcript_testing
 from deadline_testing import deadline
 from gateway_testing import SERVICE_TOKEN, gateway_settings
 from starlette.types import Receive, Scope, Send
@@ -20,7 +21,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 from websockets.typing import Subprotocol
 
-from continuum.transcript.v1 import resources_pb2, transcript_service_pb2, transcript_service_pb2_grpc
+from continuum.transcript.v1 import transcript_service_pb2, transcript_service_pb2_grpc
 from continuum_gateway.__main__ import GatewayServer, uvicorn_config
 from continuum_gateway.app import create_app
 from continuum_gateway.auth import bearer_subprotocol
@@ -218,10 +219,7 @@ class Transcript:
 
     async def append(self, session_id: str, *texts: str, user: str = "alice") -> list[int]:
         """Append USER messages; their ids."""
-        messages = [
-            resources_pb2.NewMessage(role=resources_pb2.MESSAGE_ROLE_USER, content=[resources_pb2.ContentPart(text=t)])
-            for t in texts
-        ]
+        messages = [transcript_testing.user(t) for t in texts]
         request = transcript_service_pb2.AppendMessagesRequest(session_id=session_id, messages=messages)
         response = await self.stub.AppendMessages(request, metadata=self.metadata(user))
         return list(response.message_ids)

@@ -7,12 +7,13 @@ import itertools
 import json
 import logging
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from deadline_testing import deadline
+import transcript_testing
+from deadline_testing import deadline, eventually
 from gateway_testing import ALICE_TOKEN, BOB_TOKEN
 from gateway_ws_testing import (
     HELLO,
@@ -56,13 +57,6 @@ async def live(transcript: GrpcService, tmp_path_factory: pytest.TempPathFactory
         tmp_path_factory.mktemp("live"), transcript.port, ws_ping_interval_seconds=0.2, ws_ping_timeout_seconds=5.0
     ) as gateway:
         yield gateway
-
-
-async def _eventually(condition: Callable[[], bool], seconds: float = 10) -> None:
-    async with deadline(seconds, f"the condition on line {condition.__code__.co_firstlineno} of {Path(__file__).name}"):
-        # Polling: what is awaited (a counter, a log record) has no event to wait on.
-        while not condition():  # noqa: ASYNC110
-            await asyncio.sleep(0.02)
 
 
 async def _small_window_socket(port: int) -> socket.socket:
@@ -138,9 +132,7 @@ async def test_published_frames_are_relayed_one_to_one(
                 ),
                 metadata=metadata,
             )
-            answer = resources_pb2.NewMessage(
-                role=resources_pb2.MESSAGE_ROLE_ASSISTANT, content=[resources_pb2.ContentPart(text="Hello")]
-            )
+            answer = transcript_testing.assistant("Hello")
             await stub.CommitAttempt(
                 transcript_service_pb2.CommitAttemptRequest(
                     session_id=session_id, attempt=attempt, message=answer, wait_durable=True
@@ -157,7 +149,7 @@ async def test_published_frames_are_relayed_one_to_one(
     assert [f["chunk"]["text"] for f in relayed if f["type"] == "chunk"] == ["Hel", "lo"]
     assert relayed[0]["batch"]["messages"][0]["content"][0]["text"] == "follow-up"
     # The gateway logged the stream, never its content.
-    await _eventually(lambda: any(r.message == "follow closed" for r in caplog.records))
+    await eventually(lambda: any(r.message == "follow closed" for r in caplog.records))
     assert not any(text in caplog.text for text in ("question", "follow-up", "Hel", ALICE_TOKEN))
 
 
@@ -311,7 +303,7 @@ async def test_upstream_refusals_become_an_error_message_and_close_code(
     assert message["error"]["details"][0]["domain"] == "transcript.continuum"
     assert error_reason(message) == reason
     assert close_code == code
-    await _eventually(lambda: live.upstreams.open_follows == 0)
+    await eventually(lambda: live.upstreams.open_follows == 0)
 
 
 @pytest.mark.parametrize("bob_by_header", [False, True], ids=["subprotocol-token", "header-token"])
@@ -430,15 +422,15 @@ async def test_a_browser_leaving_cancels_the_upstream_stream(
     live: LiveGateway, transcript_client: Transcript, abrupt: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     session_id = await transcript_client.new_session()
-    await _eventually(lambda: live.upstreams.open_follows == 0)
+    await eventually(lambda: live.upstreams.open_follows == 0)
     with caplog.at_level(logging.INFO, logger=FOLLOW_LOGGER):
         async with follower(live, session_id, ALICE_TOKEN) as websocket:
             await receive_frames(websocket, {"snapshotEnd"})
             assert live.upstreams.open_follows == 1
             if abrupt:
                 websocket.transport.abort()
-        await _eventually(lambda: live.upstreams.open_follows == 0)
-        await _eventually(lambda: any(r.message == "follow closed" for r in caplog.records))
+        await eventually(lambda: live.upstreams.open_follows == 0)
+        await eventually(lambda: any(r.message == "follow closed" for r in caplog.records))
     (closed,) = [r for r in caplog.records if r.message == "follow closed"]
     assert closed.__dict__["outcome"] == "browser_closed"
     assert closed.__dict__["session_id"] == session_id
@@ -475,7 +467,7 @@ async def test_the_server_pings_every_socket(
     with caplog.at_level(logging.DEBUG, logger=client_logger.name):
         async with follower(live, session_id, ALICE_TOKEN, logger=client_logger, ping_interval=None) as websocket:
             await receive_frames(websocket, {"snapshotEnd"})
-            await _eventually(lambda: sum("< PING" in r.getMessage() for r in caplog.records) >= 2, seconds=5)
+            await eventually(lambda: sum("< PING" in r.getMessage() for r in caplog.records) >= 2, seconds=5)
 
 
 @pytest.mark.parametrize(
@@ -498,7 +490,7 @@ async def test_a_browser_that_stops_reading_gets_an_overflow_resync_and_4429(
         client = await _small_window_socket(gateway.port)
         with caplog.at_level(logging.INFO, logger=FOLLOW_LOGGER):
             async with follower(gateway, session_id, ALICE_TOKEN, sock=client, max_queue=1) as websocket:
-                await _eventually(lambda: gateway.upstreams.open_follows == 1)
+                await eventually(lambda: gateway.upstreams.open_follows == 1)
                 published = 0
                 while gateway.upstreams.open_follows and published < 400:
                     await transcript_client.append(session_id, f"{published:04d}" + "x" * 16_000)
@@ -545,9 +537,7 @@ async def _publish_attempt(transcript_client: Transcript, session_id: str, key: 
         ),
         metadata=metadata,
     )
-    answer = resources_pb2.NewMessage(
-        role=resources_pb2.MESSAGE_ROLE_ASSISTANT, content=[resources_pb2.ContentPart(text="".join(chunks))]
-    )
+    answer = transcript_testing.assistant("".join(chunks))
     await stub.CommitAttempt(
         transcript_service_pb2.CommitAttemptRequest(session_id=session_id, attempt=attempt, message=answer),
         metadata=metadata,
@@ -569,7 +559,7 @@ async def test_browsers_of_one_user_share_one_upstream_stream_and_each_gets_its_
 ) -> None:
     session_id = await transcript_client.new_session()
     await transcript_client.append(session_id, "one", "two")
-    await _eventually(lambda: live.upstreams.open_follows == 0)
+    await eventually(lambda: live.upstreams.open_follows == 0)
     direct = transcript_client.follow(session_id)
     try:
         async with follower(live, session_id, ALICE_TOKEN) as first:
@@ -586,7 +576,7 @@ async def test_browsers_of_one_user_share_one_upstream_stream_and_each_gets_its_
                 await read_direct_until(direct, "snapshot_end")
                 # Its first live frame is a switch point: from there on, one upstream stream for both.
                 await transcript_client.append(session_id, "four")
-                await _eventually(lambda: live.upstreams.open_follows == 1)
+                await eventually(lambda: live.upstreams.open_follows == 1)
                 hub = _hub(live, session_id)
                 assert hub is not None
                 assert len(hub.subscribers) == 2
@@ -607,7 +597,7 @@ async def test_browsers_of_one_user_share_one_upstream_stream_and_each_gets_its_
     assert [f["type"] for f in expected] == ["batch", "attemptOpened", "chunk", "chunk", "batch", "settlement", "batch"]
     _assert_unbroken(first_frames + first_live)
     _assert_unbroken(second_frames + second_live)
-    await _eventually(lambda: live.upstreams.open_follows == 0)
+    await eventually(lambda: live.upstreams.open_follows == 0)
     assert _hub(live, session_id) is None
 
 
@@ -628,7 +618,7 @@ async def _two_sharing(
     await transcript_client.append(session_id, text)
     for websocket in (first, second):
         assert _batch_texts(await receive_frames(websocket, {"batch"})) == [text]
-    await _eventually(lambda: gateway.upstreams.open_follows == 1)
+    await eventually(lambda: gateway.upstreams.open_follows == 1)
     hub = _hub(gateway, session_id)
     assert hub is not None
     assert len(hub.subscribers) == 2
@@ -638,16 +628,16 @@ async def test_a_browser_leaving_a_shared_stream_leaves_the_others_live_and_the_
     live: LiveGateway, transcript_client: Transcript
 ) -> None:
     session_id = await transcript_client.new_session()
-    await _eventually(lambda: live.upstreams.open_follows == 0)
+    await eventually(lambda: live.upstreams.open_follows == 0)
     async with follower(live, session_id, ALICE_TOKEN) as staying:
         async with follower(live, session_id, ALICE_TOKEN) as leaving:
             await _two_sharing(live, transcript_client, session_id, staying, leaving, "shared")
         # The first browser (whose hello opened the shared stream) is the one still here: no matter.
-        await _eventually(lambda: len(hub.subscribers) == 1 if (hub := _hub(live, session_id)) else False)
+        await eventually(lambda: len(hub.subscribers) == 1 if (hub := _hub(live, session_id)) else False)
         assert live.upstreams.open_follows == 1
         await transcript_client.append(session_id, "after")
         assert _batch_texts(await receive_frames(staying, {"batch"})) == ["after"]
-    await _eventually(lambda: live.upstreams.open_follows == 0)
+    await eventually(lambda: live.upstreams.open_follows == 0)
     assert _hub(live, session_id) is None
 
 
@@ -655,18 +645,18 @@ async def test_the_browser_that_opened_the_shared_stream_may_leave_first(
     live: LiveGateway, transcript_client: Transcript
 ) -> None:
     session_id = await transcript_client.new_session()
-    await _eventually(lambda: live.upstreams.open_follows == 0)
+    await eventually(lambda: live.upstreams.open_follows == 0)
     async with (
         follower(live, session_id, ALICE_TOKEN) as opener,
         follower(live, session_id, ALICE_TOKEN) as staying,
     ):
         await _two_sharing(live, transcript_client, session_id, opener, staying, "shared")
         await opener.close()
-        await _eventually(lambda: len(hub.subscribers) == 1 if (hub := _hub(live, session_id)) else False)
+        await eventually(lambda: len(hub.subscribers) == 1 if (hub := _hub(live, session_id)) else False)
         await transcript_client.append(session_id, "after")
         assert _batch_texts(await receive_frames(staying, {"batch"})) == ["after"]
         assert live.upstreams.open_follows == 1
-    await _eventually(lambda: live.upstreams.open_follows == 0)
+    await eventually(lambda: live.upstreams.open_follows == 0)
 
 
 async def test_a_rewrite_reaches_every_browser_on_a_shared_stream(
@@ -686,7 +676,7 @@ async def test_a_rewrite_reaches_every_browser_on_a_shared_stream(
             assert [m["type"] for m in rest] == ["resync"]
             assert rest[0]["resync"] == {"reason": "RESYNC_REASON_REWRITE", "resumable": False}
             assert code == 1000
-    await _eventually(lambda: live.upstreams.open_follows == 0)
+    await eventually(lambda: live.upstreams.open_follows == 0)
     assert _hub(live, session_id) is None
 
 

@@ -7,11 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+from deadline_testing import wait_for
 from gateway_testing import unused_address
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
@@ -24,16 +24,6 @@ from continuum_gateway.settings import GatewaySettings
 
 DEV_TOKEN = "main-test-dev-token"
 SERVICE_TOKEN = "main-test-service-token"
-
-
-def _wait_for(path: Path, process: subprocess.Popen[bytes], seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while not path.exists():
-        if process.poll() is not None:
-            _, stderr = process.communicate()
-            raise AssertionError(f"gateway exited with {process.returncode}: {stderr.decode(errors='replace')}")
-        assert time.monotonic() < deadline, f"{path} did not appear within {seconds} s"
-        time.sleep(0.05)
 
 
 def test_serves_on_a_free_port_and_exits_0_on_sigint(tmp_path: Path) -> None:
@@ -50,7 +40,10 @@ def test_serves_on_a_free_port_and_exits_0_on_sigint(tmp_path: Path) -> None:
     )
     port_file = tmp_path / "run" / "gateway.port"
     try:
-        _wait_for(port_file, process, seconds=30)
+        wait_for(lambda: port_file.exists() or process.poll() is not None, what="the gateway's port file", seconds=30)
+        if process.poll() is not None:
+            _, stderr = process.communicate()
+            raise AssertionError(f"gateway exited with {process.returncode}: {stderr.decode(errors='replace')}")
         port = int(port_file.read_text())
         assert port > 0
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:

@@ -18,10 +18,10 @@ import pytest
 from gateway_testing import ALICE_TOKEN, SERVICE_TOKEN, bearer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from transcript_testing import assistant, user
 
 from continuum.compaction.v1 import compaction_service_pb2 as capi
 from continuum.compaction.v1 import compaction_service_pb2_grpc as capi_grpc
-from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
 from continuum_runtime.auth import call_metadata
@@ -43,10 +43,6 @@ class Listings:
     tokens: dict[str, str]
 
 
-def _text(value: str) -> pb.ContentPart:
-    return pb.ContentPart(text=value)
-
-
 @pytest.fixture(scope="module")
 async def listings(transcript: GrpcService, compaction: GrpcService) -> AsyncIterator[Listings]:
     transcript_channel = open_channel(f"127.0.0.1:{transcript.port}")
@@ -57,10 +53,7 @@ async def listings(transcript: GrpcService, compaction: GrpcService) -> AsyncIte
     for session_id in (SESSION, OTHER_SESSION):
         await stub.CreateSession(api.CreateSessionRequest(session_id=session_id), metadata=alice)
         for turn in range(3):
-            messages = [
-                pb.NewMessage(role=pb.MESSAGE_ROLE_USER, content=[_text(f"question {turn}")]),
-                pb.NewMessage(role=pb.MESSAGE_ROLE_ASSISTANT, content=[_text(f"answer {turn}")]),
-            ]
+            messages = [user(f"question {turn}"), assistant(f"answer {turn}")]
             await stub.AppendMessages(
                 api.AppendMessagesRequest(session_id=session_id, messages=messages), metadata=alice
             )

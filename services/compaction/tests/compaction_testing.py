@@ -215,20 +215,6 @@ async def running_stack(
                 await proxy.stop()
 
 
-async def eventually(probe: Callable[[], object], seconds: float = 10.0) -> None:
-    """Wait until the async `probe()` returns truthy."""
-    deadline = asyncio.get_running_loop().time() + seconds
-    while True:
-        result = probe()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.05)
-
-
 async def runtime_events(follower: Follower, count: int) -> list[fpb.RuntimeEvent]:
     """The next `count` runtime events a Follow stream shows."""
     events: list[fpb.RuntimeEvent] = []

@@ -7,7 +7,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from compaction_testing import ScriptedProvider, Stack, eventually, running_stack
+from compaction_testing import ScriptedProvider, Stack, running_stack
+from deadline_testing import eventually
 from transcript_testing import assistant, tool, user
 
 from continuum.compaction.events.v1 import events_pb2

@@ -16,12 +16,12 @@ from compaction_testing import (
     ScriptedProvider,
     Stack,
     compaction_settings,
-    eventually,
     running_stack,
     runtime_events,
     status_code,
     summarized_ids,
 )
+from deadline_testing import eventually
 from google.protobuf import duration_pb2, timestamp_pb2
 from transcript_testing import Follower, assistant, refused, tool, user
 

@@ -9,7 +9,8 @@ import signal
 from pathlib import Path
 
 import grpc
-from compaction_testing import Stack, compaction_database_url, eventually, running_stack
+from compaction_testing import Stack, compaction_database_url, running_stack
+from deadline_testing import eventually
 from google.protobuf import duration_pb2
 from model_server_testing import FakeModelServer, Reply, completion
 from process_testing import serve_module

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from compaction_testing import ScriptedProvider, Stack, eventually, running_stack
+from compaction_testing import ScriptedProvider, Stack, running_stack
+from deadline_testing import eventually
+from race_testing import until_waiting
 from sqlalchemy import text
 from transcript_testing import assistant, refused, user
 
@@ -15,7 +17,6 @@ from continuum.compaction.events.v1 import events_pb2
 from continuum.compaction.v1 import compaction_service_pb2 as api
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as tapi
-from continuum_runtime.database import Database
 
 postgres_only = pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 
@@ -142,27 +143,6 @@ async def test_an_edit_after_the_summary_is_refused_and_changes_nothing_postgres
         assert (await stack.transcript.stub.EditUserMessage(later, metadata=stack.user())).message.message_id == ids[-1]
 
 
-async def _lock_waiters(database: Database) -> int:
-    async with database.connection() as connection:
-        found = await connection.scalar(
-            text(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            )
-        )
-    return int(found or 0)
-
-
-async def _until_waiting(database: Database, count: int, what: str) -> None:
-    try:
-        await eventually(lambda: _at_least(database, count))
-    except AssertionError:
-        raise AssertionError(f"expected {count} statements waiting on a lock: {what}") from None
-
-
-async def _at_least(database: Database, count: int) -> bool:
-    return await _lock_waiters(database) >= count
-
-
 @postgres_only
 @pytest.mark.parametrize("existing_record", [False, True], ids=["first_insert", "update"])
 async def test_the_record_compare_and_set_decides_when_a_crashed_compaction_left_the_fence_postgres(
@@ -189,9 +169,9 @@ async def test_the_record_compare_and_set_decides_when_a_crashed_compaction_left
         async with stack.database.transaction() as holder:
             await holder.execute(text("LOCK TABLE compaction_events IN EXCLUSIVE MODE"))
             first = asyncio.create_task(stack.build("s1", run_id="run-first"))
-            await _until_waiting(stack.database, 1, "the first compaction's event, behind the table lock")
+            await until_waiting(stack.database, 1, "the first compaction's event, behind the table lock")
             second = asyncio.create_task(stack.build("s1", run_id="run-second"))
-            await _until_waiting(stack.database, 2, "the second compaction's record write, behind the first")
+            await until_waiting(stack.database, 2, "the second compaction's record write, behind the first")
             assert not first.done() and not second.done()
         won, lost = await asyncio.gather(first, second)
 

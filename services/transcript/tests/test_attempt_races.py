@@ -15,6 +15,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from race_testing import until_waiting
 from sqlalchemy import text
 from transcript_testing import (
     Follower,
@@ -33,24 +34,6 @@ from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum_runtime.database import Database
 
 ALICE = "alice"
-
-
-async def _lock_waiters(database: Database) -> int:
-    async with database.connection() as connection:
-        found = await connection.scalar(
-            text(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            )
-        )
-    return int(found or 0)
-
-
-async def _until_waiting(database: Database, what: str) -> None:
-    for _ in range(1000):
-        if await _lock_waiters(database) >= 1:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"expected a statement waiting on a lock: {what}")
 
 
 def _chunks(
@@ -89,7 +72,7 @@ async def test_chunks_during_a_cancels_id_reservation_are_stored_in_the_interrup
                         metadata=transcript.as_user(ALICE),
                     )
                 )
-                await _until_waiting(database, "the cancel's id reservation, behind the sequence lock")
+                await until_waiting(database, 1, "the cancel's id reservation, behind the sequence lock")
                 during = await _chunks(transcript, sid, ref, 2, " and", " during")
                 assert not cancel.done()
                 await holder.rollback()

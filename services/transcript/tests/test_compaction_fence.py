@@ -12,6 +12,7 @@ from typing import Any
 
 import grpc
 import pytest
+from race_testing import until_waiting
 from sqlalchemy import text
 from transcript_testing import Follower, TranscriptClient, append, assistant, create_session, refused, user
 
@@ -275,24 +276,6 @@ async def test_postgres_edit_and_fence_races_have_exactly_one_winner(transcript:
     assert sum(wins.values()) == 40
 
 
-async def _lock_waiters(database: Database) -> int:
-    async with database.connection() as connection:
-        found = await connection.scalar(
-            text(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            )
-        )
-    return int(found or 0)
-
-
-async def _until_waiting(database: Database, count: int) -> None:
-    for _ in range(500):
-        if await _lock_waiters(database) >= count:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"expected {count} statements waiting on the session row")
-
-
 async def _queued_behind_a_row_lock(
     database_url: str, session_id: str, first: Callable[[], Awaitable[Any]], second: Callable[[], Awaitable[Any]]
 ) -> tuple[Any, Any]:
@@ -303,9 +286,9 @@ async def _queued_behind_a_row_lock(
         async with database.transaction() as holder:
             await holder.execute(text("SELECT 1 FROM sessions WHERE session_id = :s FOR UPDATE"), {"s": session_id})
             first_task = asyncio.ensure_future(first())
-            await _until_waiting(database, 1)
+            await until_waiting(database, 1, "the first statement, behind the session row lock")
             second_task = asyncio.ensure_future(second())
-            await _until_waiting(database, 2)
+            await until_waiting(database, 2, "the second statement, behind the first")
             assert not first_task.done() and not second_task.done()
         results = await asyncio.gather(first_task, second_task, return_exceptions=True)
     finally:
