@@ -175,16 +175,8 @@ async def persist(
     rows = [row for batch in batches for row in batch.rows]
     last = batches[-1]
     if not database.sqlite:
-        async with database.connection() as connection:
-            raw = await connection.get_raw_connection()
-            driver: Any = raw.driver_connection
-            try:
-                held = await _fetch_fenced(driver, session_id, stream_generation, last, rows, now_ms)
-            except Exception:
-                # Straight driver calls bypass the pool's disconnect detection: a connection that
-                # failed here must not be handed out again.
-                await connection.invalidate()
-                raise
+        async with database.driver_connection() as driver:
+            held = await _fetch_fenced(driver, session_id, stream_generation, last, rows, now_ms)
         return bool(held)
     async with database.transaction() as connection:
         fenced = await connection.execute(
