@@ -194,11 +194,13 @@ def new_message(message: pb.NewMessage, field: str, settings: TranscriptSettings
         raise BadRequest(f"{field}.status", "is not a known message status")
     content = content_parts(message.content, f"{field}.content")
     tool_calls = _tool_calls(message, role, field)
+    # Read once: every read of a protobuf string field builds a new str.
+    tool_call_id = message.tool_call_id
     if role == pb.MESSAGE_ROLE_TOOL:
-        if not message.tool_call_id:
+        if not tool_call_id:
             raise BadRequest(f"{field}.tool_call_id", "is required on a TOOL message")
-        text(message.tool_call_id, f"{field}.tool_call_id", MAX_TOOL_CALL_ID_CHARS)
-    elif message.tool_call_id:
+        text(tool_call_id, f"{field}.tool_call_id", MAX_TOOL_CALL_ID_CHARS)
+    elif tool_call_id:
         raise BadRequest(f"{field}.tool_call_id", "is only allowed on a TOOL message")
     if not content and not tool_calls and status == pb.MESSAGE_STATUS_COMPLETE:
         raise BadRequest(f"{field}.content", "must not be empty")
@@ -206,7 +208,7 @@ def new_message(message: pb.NewMessage, field: str, settings: TranscriptSettings
         role=role,
         content=content,
         tool_calls=tool_calls,
-        tool_call_id=message.tool_call_id,
+        tool_call_id=tool_call_id,
         # Every stored message passes here once, so the flag is computed at write time only.
         metadata=with_truncation_flag(role, content, metadata(message.metadata, f"{field}.metadata")),
         status=status,
@@ -228,16 +230,17 @@ def _tool_calls(message: pb.NewMessage, role: int, field: str) -> list[dict[str,
     calls = []
     for index, call in enumerate(given):
         where = f"{field}.tool_calls[{index}]"
-        if not call.tool_call_id:
+        call_id, name = call.tool_call_id, call.name
+        if not call_id:
             raise BadRequest(f"{where}.tool_call_id", "is required")
-        text(call.tool_call_id, f"{where}.tool_call_id", MAX_TOOL_CALL_ID_CHARS)
-        if call.tool_call_id in seen:
+        text(call_id, f"{where}.tool_call_id", MAX_TOOL_CALL_ID_CHARS)
+        if call_id in seen:
             raise BadRequest(f"{where}.tool_call_id", "repeats another tool call of this message")
-        seen.add(call.tool_call_id)
-        if not call.name:
+        seen.add(call_id)
+        if not name:
             raise BadRequest(f"{where}.name", "is required")
-        text(call.name, f"{where}.name", MAX_TOOL_NAME_CHARS)
-        calls.append({"tool_call_id": call.tool_call_id, "name": call.name, "arguments": call.arguments})
+        text(name, f"{where}.name", MAX_TOOL_NAME_CHARS)
+        calls.append({"tool_call_id": call_id, "name": name, "arguments": call.arguments})
     return calls
 
 
