@@ -229,7 +229,8 @@ def _json(value: list[Any] | dict[str, Any]) -> str:
     """JSON text of a JSON column. Most tool-call lists and metadata objects are empty and cost
     nothing; the rest go through orjson, several times faster than `json.dumps` at three columns
     of every appended message. Everything here is JSON-shaped already: protobuf strings are valid
-    UTF-8, numbers come from Struct (finite floats, see `validation.metadata`) or int32 fields."""
+    UTF-8; numbers are Struct values (finite floats, see `validation.metadata`), int32 fields, or
+    json_format's renderings of the runtime state and prompts (which refuse NaN themselves)."""
     if not value:
         return "[]" if isinstance(value, list) else "{}"
     return orjson.dumps(value).decode()
