@@ -33,7 +33,9 @@ STUB_BYTES = 128 + 4 * PREVIEW_CHARS
 # The largest piece of text one StreamMessage frame carries (UTF-8 bytes).
 PIECE_BYTES = 256 * 1024
 
-_WORD = re.compile(r"\S+")
+# NUL separates words like whitespace: tool output may contain it, and PostgreSQL text columns
+# (where large bodies' previews are stored) refuse it.
+_WORD = re.compile(r"[^\s\x00]+")
 
 
 @dataclass(frozen=True)

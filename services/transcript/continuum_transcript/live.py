@@ -47,7 +47,9 @@ def runtime_state(state: fpb.RuntimeState, field: str) -> fpb.RuntimeState:
     if state.state not in RUN_STATES:
         raise BadRequest(f"{field}.state", "must be IDLE, RUNNING or WAITING")
     validation.text(state.run_id, f"{field}.run_id", 256)
-    _small_struct(state.details.ByteSize(), f"{field}.details")
+    # Persisted as JSON with every later batch: a small object whose numbers JSON can hold (a NaN
+    # failed the conversion after the batch had taken its sequence).
+    validation.metadata(state.details, f"{field}.details")
     return state
 
 
@@ -57,7 +59,8 @@ def prompt(value: fpb.PendingPrompt, field: str) -> fpb.PendingPrompt:
         raise BadRequest(f"{field}.prompt_id", "must be 1-128 letters, digits or '_.:-'")
     if value.kind not in PROMPT_KINDS:
         raise BadRequest(f"{field}.kind", "must be APPROVAL or QUESTION")
-    _small_struct(value.body.ByteSize(), f"{field}.body")
+    # Persisted as JSON like the runtime state.
+    validation.metadata(value.body, f"{field}.body")
     return value
 
 

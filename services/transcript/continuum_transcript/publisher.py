@@ -343,7 +343,8 @@ class SessionPublisher:
                 "content": row.content,
                 "tool_calls": row.tool_calls,
                 "tool_call_id": row.tool_call_id,
-                "metadata": {**row.metadata, **extra_metadata},
+                # Stored dicts are never changed in place, so a row without extras shares its metadata.
+                "metadata": {**row.metadata, **extra_metadata} if extra_metadata else row.metadata,
                 "status": row.status,
                 "deleted": False,
                 "create_ms": created,

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from google.protobuf import json_format
 from google.protobuf.duration_pb2 import Duration
-from google.protobuf.struct_pb2 import Struct
+from google.protobuf.struct_pb2 import Struct, Value
 
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum_transcript.bodies import stored_preview
@@ -54,14 +53,40 @@ def text(value: str, field: str, max_chars: int) -> str:
 
 
 def metadata(value: Struct, field: str = "metadata") -> dict[str, Any]:
-    """A JSON object of at most 64 KiB (serialized)."""
+    """A JSON object of at most 64 KiB (serialized) whose numbers are finite (JSON has no NaN)."""
     if not value.fields:
         return {}
     # The protobuf size bounds the JSON size closely enough and costs nothing to read.
     if value.ByteSize() > MAX_METADATA_BYTES:
         raise BadRequest(field, f"must be at most {MAX_METADATA_BYTES} bytes")
-    as_dict: dict[str, Any] = json_format.MessageToDict(value)
-    return as_dict
+    return _json_object(value, field)
+
+
+# The JSON form of a Struct is what json_format.MessageToDict gives (numbers as floats, a missing kind
+# as null), built directly: MessageToDict's generic dispatch costs ~10 µs per small object, paid by
+# every appended message with metadata, and it raises a bare ValueError on NaN or Infinity.
+def _json_object(value: Struct, field: str) -> dict[str, Any]:
+    fields = value.fields
+    # Keys, then lookups: the map's items() goes through the pure-Python Mapping mixin, 2x slower.
+    return {key: _json_value(fields[key], field) for key in fields}
+
+
+def _json_value(value: Value, field: str) -> Any:
+    kind = value.WhichOneof("kind")
+    if kind == "string_value":
+        return value.string_value
+    if kind == "number_value":
+        number = value.number_value
+        if not math.isfinite(number):
+            raise BadRequest(field, "numbers must be finite")
+        return number
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "struct_value":
+        return _json_object(value.struct_value, field)
+    if kind == "list_value":
+        return [_json_value(item, field) for item in value.list_value.values]
+    return None  # null_value, or no kind set
 
 
 def non_negative(value: int, field: str) -> int:
@@ -109,10 +134,12 @@ def holder(value: str, field: str = "holder") -> str:
     return text(value, field, MAX_HOLDER_CHARS)
 
 
-@dataclass(frozen=True)
-class MessageRow:
+class MessageRow(NamedTuple):
     """A validated message ready to insert (JSON-shaped content, tool calls and metadata), with
-    what stubs show instead of the body: its size, its stored preview and its truncation flag."""
+    what stubs show instead of the body: its size, its stored preview and its truncation flag.
+
+    A named tuple rather than a frozen dataclass: just as immutable, and built several times
+    faster, which counts at one per appended message."""
 
     role: int
     content: list[dict[str, Any]]
@@ -167,11 +194,13 @@ def new_message(message: pb.NewMessage, field: str, settings: TranscriptSettings
         raise BadRequest(f"{field}.status", "is not a known message status")
     content = content_parts(message.content, f"{field}.content")
     tool_calls = _tool_calls(message, role, field)
+    # Read once: every read of a protobuf string field builds a new str.
+    tool_call_id = message.tool_call_id
     if role == pb.MESSAGE_ROLE_TOOL:
-        if not message.tool_call_id:
+        if not tool_call_id:
             raise BadRequest(f"{field}.tool_call_id", "is required on a TOOL message")
-        text(message.tool_call_id, f"{field}.tool_call_id", MAX_TOOL_CALL_ID_CHARS)
-    elif message.tool_call_id:
+        text(tool_call_id, f"{field}.tool_call_id", MAX_TOOL_CALL_ID_CHARS)
+    elif tool_call_id:
         raise BadRequest(f"{field}.tool_call_id", "is only allowed on a TOOL message")
     if not content and not tool_calls and status == pb.MESSAGE_STATUS_COMPLETE:
         raise BadRequest(f"{field}.content", "must not be empty")
@@ -179,7 +208,7 @@ def new_message(message: pb.NewMessage, field: str, settings: TranscriptSettings
         role=role,
         content=content,
         tool_calls=tool_calls,
-        tool_call_id=message.tool_call_id,
+        tool_call_id=tool_call_id,
         # Every stored message passes here once, so the flag is computed at write time only.
         metadata=with_truncation_flag(role, content, metadata(message.metadata, f"{field}.metadata")),
         status=status,
@@ -190,24 +219,28 @@ def new_message(message: pb.NewMessage, field: str, settings: TranscriptSettings
 
 
 def _tool_calls(message: pb.NewMessage, role: int, field: str) -> list[dict[str, str]]:
-    if message.tool_calls and role != pb.MESSAGE_ROLE_ASSISTANT:
+    given = message.tool_calls
+    if not given:
+        return []
+    if role != pb.MESSAGE_ROLE_ASSISTANT:
         raise BadRequest(f"{field}.tool_calls", "are only allowed on an ASSISTANT message")
-    if len(message.tool_calls) > MAX_TOOL_CALLS:
+    if len(given) > MAX_TOOL_CALLS:
         raise BadRequest(f"{field}.tool_calls", f"must be at most {MAX_TOOL_CALLS}")
     seen: set[str] = set()
     calls = []
-    for index, call in enumerate(message.tool_calls):
+    for index, call in enumerate(given):
         where = f"{field}.tool_calls[{index}]"
-        if not call.tool_call_id:
+        call_id, name = call.tool_call_id, call.name
+        if not call_id:
             raise BadRequest(f"{where}.tool_call_id", "is required")
-        text(call.tool_call_id, f"{where}.tool_call_id", MAX_TOOL_CALL_ID_CHARS)
-        if call.tool_call_id in seen:
+        text(call_id, f"{where}.tool_call_id", MAX_TOOL_CALL_ID_CHARS)
+        if call_id in seen:
             raise BadRequest(f"{where}.tool_call_id", "repeats another tool call of this message")
-        seen.add(call.tool_call_id)
-        if not call.name:
+        seen.add(call_id)
+        if not name:
             raise BadRequest(f"{where}.name", "is required")
-        text(call.name, f"{where}.name", MAX_TOOL_NAME_CHARS)
-        calls.append({"tool_call_id": call.tool_call_id, "name": call.name, "arguments": call.arguments})
+        text(name, f"{where}.name", MAX_TOOL_NAME_CHARS)
+        calls.append({"tool_call_id": call_id, "name": name, "arguments": call.arguments})
     return calls
 
 
@@ -217,6 +250,9 @@ def append_batch(messages: Any, settings: TranscriptSettings) -> list[MessageRow
         raise BadRequest("messages", "must contain at least one message")
     if len(messages) > settings.max_batch_messages:
         raise BadRequest("messages", f"must contain at most {settings.max_batch_messages} messages")
+    # One Python object per message, reused by both passes below (each pass over the repeated
+    # field would wrap every message anew).
+    messages = list(messages)
     sizes = [message.ByteSize() for message in messages]
     total = sum(sizes)
     if total > settings.max_batch_bytes:

@@ -4,6 +4,7 @@ bounded in bytes as well as in counts."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from pathlib import Path
 
@@ -91,6 +92,23 @@ async def test_large_bodies_travel_as_stubs_in_pages_and_load_whole_by_id(transc
         grpc.StatusCode.PERMISSION_DENIED,
         "SESSION_PERMISSION_DENIED",
     )
+
+
+async def test_a_large_body_with_nul_characters_is_stored_with_a_preview_without_them(
+    transcript: TranscriptClient,
+) -> None:
+    # Tool output may contain NUL; PostgreSQL's text columns refuse it, so a stored preview that kept
+    # it failed every flush of the batch and left the append waiting for ever.
+    sid = await create_session(transcript)
+    text = "exit\x00code 1\x00\x00binary " * 4 * KIB
+    (message_id,) = await asyncio.wait_for(append(transcript, sid, user(text)), 30)
+
+    got = await transcript.stub.GetMessage(
+        api.GetMessageRequest(session_id=sid, message_id=message_id), metadata=transcript.as_user(ALICE)
+    )
+    assert _text(got.message) == text
+    (stub,) = (await _page(transcript, sid)).messages
+    assert stub.body_deferred and stub.preview.startswith("exit code 1 binary exit code 1 binary")
 
 
 async def test_a_page_inlines_bodies_only_up_to_its_byte_budget(tmp_path: Path, database_url: str) -> None:

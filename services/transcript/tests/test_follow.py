@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from pathlib import Path
 
 import grpc
@@ -320,6 +321,17 @@ async def test_old_peers_and_bad_live_input_are_refused(transcript: TranscriptCl
             metadata=alice,
         ),
     ]
+    # JSON has no NaN: a state or prompt holding one was an INTERNAL error after taking a sequence.
+    running = fpb.RuntimeState(state=fpb.RUN_STATE_RUNNING)
+    running.details.update({"progress": math.nan})
+    asking = fpb.PendingPrompt(prompt_id="p1", kind=fpb.PROMPT_KIND_QUESTION)
+    asking.body.update({"choices": [1, math.inf]})
+    for operation in (api.BatchOperation(runtime_state=running), api.BatchOperation(prompt_upsert=asking)):
+        invalid.append(
+            transcript.stub.PublishBatch(
+                api.PublishBatchRequest(session_id=sid, operations=[operation]), metadata=alice
+            )
+        )
     for call in invalid:
         await refused(call, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT")
     await _open(transcript, sid, ref)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import grpc
 from transcript_testing import (
     TranscriptClient,
@@ -80,7 +82,10 @@ async def test_malformed_batches_are_refused_whole(transcript: TranscriptClient)
         "messages[1].content[0]": pb.NewMessage(role=pb.MESSAGE_ROLE_USER, content=[pb.ContentPart()]),
         "messages[1]": user(oversize),
         "messages[1].tool_calls[1].tool_call_id": assistant("dup", "c", "c"),
+        # JSON has no NaN or Infinity (this was an INTERNAL error).
+        "messages[1].metadata": tool("c", "r"),
     }
+    bad_messages["messages[1].metadata"].metadata.update({"ok": 1, "nested": {"ratio": [0.5, math.nan]}})
     for field, bad in bad_messages.items():
         details = await refused(
             transcript.stub.AppendMessages(
