@@ -129,7 +129,10 @@ async def reserve_ids(database: Database, count: int) -> list[int]:
 
 # PostgreSQL: the fence, the durable sequence and the rows in ONE autocommitted statement, so a
 # flush costs one round trip. Rows are written only if the fence held. Every row belongs to the
-# publisher's session, so the session id is one value rather than an array.
+# publisher's session, so the session id is one value. The rows travel as one JSON array that orjson
+# writes in C, where thirteen typed arrays cost the driver an ABC isinstance check per element (~20
+# per message, a tenth of the append path's CPU). The JSON columns ride inside it as JSON text:
+# json_to_recordset unescapes what it reads, and a \u0000 a tool result may hold cannot become text.
 _PERSIST_FENCED = """
 WITH fence AS (
     UPDATE session_runtime
@@ -140,12 +143,12 @@ WITH fence AS (
     INSERT INTO messages
         (message_id, session_id, role, content, tool_calls, tool_call_id, metadata, status, deleted, create_ms,
          commit_seq, body_bytes, preview, result_truncated)
-    SELECT message_id, $1, role, content, tool_calls, tool_call_id, metadata, status, deleted, create_ms, commit_seq,
-           body_bytes, preview, result_truncated
-    FROM unnest($7::bigint[], $8::int[], $9::json[], $10::json[], $11::text[], $12::json[], $13::int[],
-                $14::bool[], $15::bigint[], $16::bigint[], $17::bigint[], $18::text[], $19::bool[])
-         AS batch (message_id, role, content, tool_calls, tool_call_id, metadata, status, deleted, create_ms,
-                   commit_seq, body_bytes, preview, result_truncated)
+    SELECT message_id, $1, role, content::json, tool_calls::json, tool_call_id, metadata::json, status, deleted,
+           create_ms, commit_seq, body_bytes, preview, result_truncated
+    FROM json_to_recordset($7::json)
+         AS batch (message_id bigint, role int, content text, tool_calls text, tool_call_id text, metadata text,
+                   status int, deleted bool, create_ms bigint, commit_seq bigint, body_bytes bigint, preview text,
+                   result_truncated bool)
     WHERE EXISTS (SELECT 1 FROM fence)
 )
 SELECT count(*) FROM fence
@@ -209,19 +212,26 @@ async def _fetch_fenced(
         _json(last.runtime_state),
         _json(last.pending_prompts),
         now_ms,
-        [row["message_id"] for row in rows],
-        [row["role"] for row in rows],
-        [_json(row["content"]) for row in rows],
-        [_json(row["tool_calls"]) for row in rows],
-        [row["tool_call_id"] for row in rows],
-        [_json(row["metadata"]) for row in rows],
-        [row["status"] for row in rows],
-        [row["deleted"] for row in rows],
-        [row["create_ms"] for row in rows],
-        [row["commit_seq"] for row in rows],
-        [row["body_bytes"] for row in rows],
-        [row["preview"] for row in rows],
-        [row["result_truncated"] for row in rows],
+        orjson.dumps(
+            [
+                {
+                    "message_id": row["message_id"],
+                    "role": row["role"],
+                    "content": _json(row["content"]),
+                    "tool_calls": _json(row["tool_calls"]),
+                    "tool_call_id": row["tool_call_id"],
+                    "metadata": _json(row["metadata"]),
+                    "status": row["status"],
+                    "deleted": row["deleted"],
+                    "create_ms": row["create_ms"],
+                    "commit_seq": row["commit_seq"],
+                    "body_bytes": row["body_bytes"],
+                    "preview": row["preview"],
+                    "result_truncated": row["result_truncated"],
+                }
+                for row in rows
+            ]
+        ).decode(),
     )
 
 
