@@ -99,20 +99,22 @@ async def current_stream_generation(connection: AsyncConnection, session_id: str
     return int(value or 0)
 
 
+_RESERVE_IDS = (
+    "SELECT array_agg(id ORDER BY id) FROM (SELECT nextval(pg_get_serial_sequence('messages', 'message_id')) AS id"
+    " FROM generate_series(1, $1)) AS reserved"
+)
+
+
 async def reserve_ids(database: Database, count: int) -> list[int]:
     """`count` fresh message ids, ascending. Ids are reserved ahead of persistence so accepted
     messages can be shown with their final ids before they reach disk."""
+    if not database.sqlite:
+        # One autocommitted statement straight on the driver: nextval needs no transaction (a
+        # sequence never rolls back), and one row holding every id is cheaper than a row per id.
+        async with database.driver_connection() as driver:
+            found = await driver.fetchval(_RESERVE_IDS, count)
+        return list(found)
     async with database.transaction() as connection:
-        if connection.dialect.name == "postgresql":
-            # One row holding every id: fetching a thousand one-value rows costs more than the query.
-            found = await connection.scalar(
-                text(
-                    "SELECT array_agg(id ORDER BY id) FROM (SELECT nextval(pg_get_serial_sequence('messages',"
-                    " 'message_id')) AS id FROM generate_series(1, :count)) AS reserved"
-                ),
-                {"count": count},
-            )
-            return [int(value) for value in found]
         # SQLite's AUTOINCREMENT counter lives in sqlite_sequence; advancing it reserves the ids.
         await connection.execute(
             text(
