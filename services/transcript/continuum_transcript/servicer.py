@@ -200,26 +200,25 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
         return api.AppendMessagesResponse(message_ids=ids, create_time=convert.timestamp(created))
 
     async def GetMessage(self, request: api.GetMessageRequest, context: Context) -> api.GetMessageResponse:
-        owner = acting_user(context)
-        session_id = validation.session_id(request.session_id)
-        message_id = validation.non_negative(request.message_id, "message_id")
-        async with self._db.connection() as connection:
-            row = await messages.get(connection, owner, session_id, message_id)
-            (stored,) = await messages.with_media_types(connection, [row])
-        return api.GetMessageResponse(message=stored)
+        return api.GetMessageResponse(message=await self._whole_message(request, context))
 
     async def StreamMessage(
         self, request: api.StreamMessageRequest, context: Context
     ) -> AsyncIterator[api.StreamMessageResponse]:
+        for frame in bodies.stream_frames(await self._whole_message(request, context)):
+            yield frame
+
+    async def _whole_message(
+        self, request: api.GetMessageRequest | api.StreamMessageRequest, context: Context
+    ) -> pb.Message:
+        """One message of the caller's session with its whole body (GetMessage and StreamMessage)."""
         owner = acting_user(context)
         session_id = validation.session_id(request.session_id)
         message_id = validation.non_negative(request.message_id, "message_id")
         async with self._db.connection() as connection:
             row = await messages.get(connection, owner, session_id, message_id)
             (stored,) = await messages.with_media_types(connection, [row])
-        del row
-        for frame in bodies.stream_frames(stored):
-            yield frame
+        return stored
 
     async def ListMessagesAfter(
         self, request: api.ListMessagesAfterRequest, context: Context
