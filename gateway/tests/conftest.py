@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 from gateway_testing import SERVICE_TOKEN, gateway_settings, serving, unused_address
+from gateway_ws_testing import Transcript
 from pydantic import SecretStr
 
 from continuum_compaction.server import start as start_compaction
@@ -40,6 +41,16 @@ async def transcript(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[
     )
     async with _running(start(settings)) as service:
         yield service
+
+
+@pytest.fixture(scope="module")
+async def transcript_client(transcript: GrpcService) -> AsyncIterator[Transcript]:
+    """Direct calls to `transcript` (sessions, publishing, a reference Follow stream)."""
+    client = Transcript(transcript.port)
+    try:
+        yield client
+    finally:
+        await client.close()
 
 
 @pytest.fixture(scope="module")

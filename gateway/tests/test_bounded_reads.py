@@ -18,15 +18,6 @@ MIB = 1024 * 1024
 
 
 @pytest.fixture(scope="module")
-async def transcript_client(transcript: GrpcService) -> AsyncIterator[Transcript]:
-    client = Transcript(transcript.port)
-    try:
-        yield client
-    finally:
-        await client.close()
-
-
-@pytest.fixture(scope="module")
 async def gateway(
     transcript: GrpcService, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[httpx.AsyncClient]:

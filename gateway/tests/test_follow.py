@@ -41,16 +41,6 @@ FOLLOW_LOGGER = "continuum.gateway.follow"
 
 
 @pytest.fixture(scope="module")
-async def transcript_client(transcript: GrpcService) -> AsyncIterator[Transcript]:
-    """Direct transcript calls (publishing, a reference Follow stream)."""
-    client = Transcript(transcript.port)
-    try:
-        yield client
-    finally:
-        await client.close()
-
-
-@pytest.fixture(scope="module")
 async def live(transcript: GrpcService, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LiveGateway]:
     """A gateway served by uvicorn, pinging every 0.2 s."""
     async with live_gateway(
