@@ -48,9 +48,10 @@ from continuum.transcript.v1 import transcript_service_pb2 as api
 
 CLIENTS = 4
 BATCH = 50
-# Two rounds per path, alternating which path goes first, so table growth and drift fall on both.
-ROUNDS = 4
-BATCHES_PER_CLIENT_PER_ROUND = 50  # 4 clients x 50 batches x 50 messages x 4 rounds = 40,000
+# Many short rounds per path, alternating which path goes first, so table growth, drift and bursts of
+# other load on the machine fall on both paths alike.
+ROUNDS = 20
+BATCHES_PER_CLIENT_PER_ROUND = 10  # 4 clients x 10 batches x 50 messages x 20 rounds = 40,000
 WARMUP_BATCHES_PER_CLIENT = 3
 MESSAGE_BYTES = (400, 600)
 TARGET_RATIO = 0.5
