@@ -83,7 +83,10 @@ async def stream(
         while True:
             item = await subscription.next(heartbeat_seconds)
             if item is None:
-                yield publisher.heartbeat()
+                # A rewrite may have ended this stream while the wait timed out: its resync is queued,
+                # and a heartbeat now would already carry the next stream generation.
+                if not subscription.ended:
+                    yield publisher.heartbeat(stream_generation)
                 continue
             event_no, frame = item
             if event_no and event_no <= cut.event_no:

@@ -624,10 +624,10 @@ class SessionPublisher:
         """How many followers are attached."""
         return len(self._subscribers)
 
-    def heartbeat(self) -> api.FollowResponse:
-        """A liveness frame with the latest sequences."""
+    def heartbeat(self, stream_generation: int) -> api.FollowResponse:
+        """A liveness frame with the latest sequences, on a follower's `stream_generation`."""
         beat = fpb.HeartbeatFrame(commit_seq=self.commit_seq, durable_seq=self.durable_seq)
-        return api.FollowResponse(stream_generation=self.stream_generation, heartbeat=beat)
+        return api.FollowResponse(stream_generation=stream_generation, heartbeat=beat)
 
     # Durability
 
