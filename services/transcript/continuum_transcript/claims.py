@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum_runtime.database import insert_ignoring_conflicts
 from continuum_transcript import sessions
-from continuum_transcript.errors import ClaimNotFound, SessionAlreadyRunning, SessionBusy
+from continuum_transcript.errors import ClaimNotFound, RunAmbiguous, RunNotFound, SessionAlreadyRunning, SessionBusy
 from continuum_transcript.tables import execution_claims
 
 
@@ -139,3 +139,30 @@ async def release_holder(connection: AsyncConnection, owner: str | None, holder:
         condition &= execution_claims.c.owner == owner
     deleted = await connection.execute(delete(execution_claims).where(condition).returning(execution_claims.c.claim_id))
     return sorted(set(deleted.scalars()))
+
+
+async def run(connection: AsyncConnection, owner: str, run_id: str, now_ms: int) -> HeldClaim:
+    """The live RUN claim `owner` took as `run_id`, over exactly one tree: RUN_NOT_FOUND when none is
+    live at `now_ms` (ended, expired, another user's), RUN_AMBIGUOUS when the id names several claims
+    or a claim over several trees."""
+    query = select(execution_claims).where(
+        execution_claims.c.holder == run_id,
+        execution_claims.c.kind == pb.CLAIM_KIND_RUN,
+        execution_claims.c.owner == owner,
+        execution_claims.c.expire_ms > now_ms,
+    )
+    # Two rows are enough to tell one tree from several.
+    rows = list((await connection.execute(query.limit(2))).mappings())
+    if not rows:
+        raise RunNotFound("no live run has this id", metadata={"run_id": run_id})
+    if len(rows) > 1 or rows[0]["root_count"] != 1:
+        raise RunAmbiguous("the run id does not name one session tree", metadata={"run_id": run_id})
+    (row,) = rows
+    return HeldClaim(
+        row["claim_id"],
+        row["kind"],
+        row["holder"],
+        list(row["session_ids"]),
+        [row["root_session_id"]],
+        row["expire_ms"],
+    )

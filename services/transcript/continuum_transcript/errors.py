@@ -106,6 +106,20 @@ class ClaimNotFound(TranscriptError):
     reason = "CLAIM_NOT_HELD"
 
 
+class RunNotFound(TranscriptError):
+    """No live run of the acting user has this run id."""
+
+    code = grpc.StatusCode.NOT_FOUND
+    reason = "RUN_NOT_FOUND"
+
+
+class RunAmbiguous(TranscriptError):
+    """The run id does not name one claim over one session tree."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "RUN_AMBIGUOUS"
+
+
 class PageTokenInvalid(paging.PageTokenInvalid, TranscriptError):
     """A page token this deployment did not issue for the request; a BadRequest names the field."""
 

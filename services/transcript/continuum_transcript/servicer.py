@@ -420,6 +420,13 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
             released = await claims.release_holder(connection, owner, holder, kind)
         return api.ReleaseHolderClaimsResponse(claim_ids=released)
 
+    async def GetRun(self, request: api.GetRunRequest, context: Context) -> api.GetRunResponse:
+        owner = acting_user(context)
+        run_id = validation.holder(request.run_id, "run_id")
+        async with self._db.connection() as connection:
+            held = await claims.run(connection, owner, run_id, self._clock.now_ms())
+        return api.GetRunResponse(claim=convert.claim(held), root_session_id=held.root_session_ids[0])
+
     # Events
 
     async def ListSessionEvents(

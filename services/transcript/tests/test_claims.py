@@ -279,3 +279,52 @@ async def test_release_by_holder_input_is_validated(transcript: TranscriptClient
             "INVALID_ARGUMENT",
         )
         assert [violation.field for violation in details.violations] == [field]
+
+
+def _get_run(
+    client: TranscriptClient, run_id: str, owner: str = "alice"
+) -> grpc.aio.UnaryUnaryCall[api.GetRunRequest, api.GetRunResponse]:
+    return client.stub.GetRun(api.GetRunRequest(run_id=run_id), metadata=client.as_user(owner))
+
+
+async def test_a_run_id_resolves_to_its_live_claim_and_root_only(clocked: TranscriptClient, clock: ManualClock) -> None:
+    transcript = clocked
+    await _sessions(transcript, "root")
+    await _sessions(transcript, "child", parent="root")
+    claim = (await _acquire(transcript, ["child"], holder="run-1", ttl=5)).claim
+
+    run = await _get_run(transcript, "run-1")
+    assert run.root_session_id == "root"
+    assert (run.claim.claim_id, run.claim.kind, list(run.claim.session_ids)) == (
+        claim.claim_id,
+        pb.CLAIM_KIND_RUN,
+        ["child"],
+    )
+    # Another user, an unknown id, another kind's holder: no run.
+    await refused(_get_run(transcript, "run-1", owner="mallory"), grpc.StatusCode.NOT_FOUND, "RUN_NOT_FOUND")
+    await refused(_get_run(transcript, "run-2"), grpc.StatusCode.NOT_FOUND, "RUN_NOT_FOUND")
+    await _sessions(transcript, "other")
+    await _acquire(transcript, ["other"], kind=pb.CLAIM_KIND_MERGE, holder="merge-1")
+    await refused(_get_run(transcript, "merge-1"), grpc.StatusCode.NOT_FOUND, "RUN_NOT_FOUND")
+    # A run that expired or was released is over.
+    clock.advance(5)
+    await refused(_get_run(transcript, "run-1"), grpc.StatusCode.NOT_FOUND, "RUN_NOT_FOUND")
+    again = (await _acquire(transcript, ["root"], holder="run-1")).claim
+    assert (await _get_run(transcript, "run-1")).claim.claim_id == again.claim_id
+    await transcript.stub.ReleaseClaims(
+        api.ReleaseClaimsRequest(claim_id=again.claim_id), metadata=transcript.as_user("alice")
+    )
+    await refused(_get_run(transcript, "run-1"), grpc.StatusCode.NOT_FOUND, "RUN_NOT_FOUND")
+
+
+async def test_a_run_id_over_several_trees_names_no_session(transcript: TranscriptClient) -> None:
+    await _sessions(transcript, "a", "b", "c")
+    await _acquire(transcript, ["a", "b"], holder="wide")
+    await refused(_get_run(transcript, "wide"), grpc.StatusCode.FAILED_PRECONDITION, "RUN_AMBIGUOUS")
+    await _acquire(transcript, ["c"], holder="twice")
+    await _sessions(transcript, "d")
+    await _acquire(transcript, ["d"], holder="twice")
+    await refused(_get_run(transcript, "twice"), grpc.StatusCode.FAILED_PRECONDITION, "RUN_AMBIGUOUS")
+    bad = transcript.stub.GetRun(api.GetRunRequest(), metadata=transcript.as_user("alice"))
+    details = await refused(bad, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT")
+    assert [violation.field for violation in details.violations] == ["run_id"]

@@ -65,6 +65,12 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """FAILED_PRECONDITION: a merge or compaction claim was refused; metadata names the holder."""
     CLAIM_NOT_HELD: _ErrorReason.ValueType  # 42
     """FAILED_PRECONDITION: the claim expired or was released."""
+    RUN_NOT_FOUND: _ErrorReason.ValueType  # 43
+    """NOT_FOUND: no live run of the acting user has this run id (it ended, expired or never existed)."""
+    RUN_AMBIGUOUS: _ErrorReason.ValueType  # 44
+    """FAILED_PRECONDITION: the run id names more than one claim, or a claim over several trees, so it
+    does not name one session.
+    """
     ATTEMPT_CONFLICT: _ErrorReason.ValueType  # 50
     """FAILED_PRECONDITION: a sampling call does not match the open attempt or its chunk order."""
     PUBLISHER_MOVED: _ErrorReason.ValueType  # 51
@@ -131,6 +137,12 @@ SESSION_BUSY: ErrorReason.ValueType  # 41
 """FAILED_PRECONDITION: a merge or compaction claim was refused; metadata names the holder."""
 CLAIM_NOT_HELD: ErrorReason.ValueType  # 42
 """FAILED_PRECONDITION: the claim expired or was released."""
+RUN_NOT_FOUND: ErrorReason.ValueType  # 43
+"""NOT_FOUND: no live run of the acting user has this run id (it ended, expired or never existed)."""
+RUN_AMBIGUOUS: ErrorReason.ValueType  # 44
+"""FAILED_PRECONDITION: the run id names more than one claim, or a claim over several trees, so it
+does not name one session.
+"""
 ATTEMPT_CONFLICT: ErrorReason.ValueType  # 50
 """FAILED_PRECONDITION: a sampling call does not match the open attempt or its chunk order."""
 PUBLISHER_MOVED: ErrorReason.ValueType  # 51

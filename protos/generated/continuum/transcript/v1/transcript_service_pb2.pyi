@@ -1156,11 +1156,57 @@ class ReleaseClaimsResponse(_message.Message):
 Global___ReleaseClaimsResponse: _TypeAlias = ReleaseClaimsResponse  # noqa: Y015
 
 @_typing.final
-class ReleaseHolderClaimsRequest(_message.Message):
+class GetRunRequest(_message.Message):
     """Request of ReleaseHolderClaims. Called for no acting user, it releases the holder's claims of
     every owner (a backend's); for an acting user, only that user's.
     """
 
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The holder the run's RUN claim was acquired with."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRunRequest: _TypeAlias = GetRunRequest  # noqa: Y015
+
+@_typing.final
+class GetRunResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLAIM_FIELD_NUMBER: _builtins.int
+    ROOT_SESSION_ID_FIELD_NUMBER: _builtins.int
+    root_session_id: _builtins.str
+    """The root of the one session tree the run holds."""
+    @_builtins.property
+    def claim(self) -> _resources_pb2.Claim:
+        """The run's RUN claim."""
+
+    def __init__(
+        self,
+        *,
+        claim: _resources_pb2.Claim | None = ...,
+        root_session_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["claim", b"claim"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim", b"claim", "root_session_id", b"root_session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRunResponse: _TypeAlias = GetRunResponse  # noqa: Y015
+
+@_typing.final
+class ReleaseHolderClaimsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     HOLDER_FIELD_NUMBER: _builtins.int

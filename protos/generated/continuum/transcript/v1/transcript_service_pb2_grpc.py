@@ -132,6 +132,11 @@ class TranscriptServiceStub:
                 request_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseHolderClaimsRequest.SerializeToString,
                 response_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseHolderClaimsResponse.FromString,
                 _registered_method=True)
+        self.GetRun = channel.unary_unary(
+                '/continuum.transcript.v1.TranscriptService/GetRun',
+                request_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.GetRunRequest.SerializeToString,
+                response_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.GetRunResponse.FromString,
+                _registered_method=True)
         self.ListSessionEvents = channel.unary_unary(
                 '/continuum.transcript.v1.TranscriptService/ListSessionEvents',
                 request_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.ListSessionEventsRequest.SerializeToString,
@@ -322,6 +327,15 @@ class TranscriptServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetRun(self, request, context):
+        """The live run a run id names: the acting user's unexpired RUN claim whose holder is that id, and
+        the one root session it runs in. Tools that act for a run (handoff-read) resolve the session this
+        way, never from a session id a model or a client chose.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListSessionEvents(self, request, context):
         """Pages through the session events outbox.
         """
@@ -482,6 +496,11 @@ def add_TranscriptServiceServicer_to_server(servicer, server):
                     servicer.ReleaseHolderClaims,
                     request_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseHolderClaimsRequest.FromString,
                     response_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseHolderClaimsResponse.SerializeToString,
+            ),
+            'GetRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRun,
+                    request_deserializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.GetRunRequest.FromString,
+                    response_serializer=continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.GetRunResponse.SerializeToString,
             ),
             'ListSessionEvents': grpc.unary_unary_rpc_method_handler(
                     servicer.ListSessionEvents,
@@ -1045,6 +1064,33 @@ class TranscriptService:
             '/continuum.transcript.v1.TranscriptService/ReleaseHolderClaims',
             continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseHolderClaimsRequest.SerializeToString,
             continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.ReleaseHolderClaimsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/continuum.transcript.v1.TranscriptService/GetRun',
+            continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.GetRunRequest.SerializeToString,
+            continuum_dot_transcript_dot_v1_dot_transcript__service__pb2.GetRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -81,6 +81,11 @@ class TranscriptServiceStub:
     """Releases a claim. Releasing an unknown or expired claim succeeds."""
     ReleaseHolderClaims: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.ReleaseHolderClaimsRequest, _transcript_service_pb2.ReleaseHolderClaimsResponse]
     """Releases every claim of one kind a holder took, e.g. a restarted service's predecessor's."""
+    GetRun: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.GetRunRequest, _transcript_service_pb2.GetRunResponse]
+    """The live run a run id names: the acting user's unexpired RUN claim whose holder is that id, and
+    the one root session it runs in. Tools that act for a run (handoff-read) resolve the session this
+    way, never from a session id a model or a client chose.
+    """
     ListSessionEvents: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.ListSessionEventsRequest, _transcript_service_pb2.ListSessionEventsResponse]
     """Pages through the session events outbox."""
     WatchSessionEvents: _grpc.UnaryStreamMultiCallable[_transcript_service_pb2.WatchSessionEventsRequest, _transcript_service_pb2.WatchSessionEventsResponse]
@@ -153,6 +158,11 @@ class TranscriptServiceAsyncStub(TranscriptServiceStub):
     """Releases a claim. Releasing an unknown or expired claim succeeds."""
     ReleaseHolderClaims: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.ReleaseHolderClaimsRequest, _transcript_service_pb2.ReleaseHolderClaimsResponse]  # type: ignore[assignment]
     """Releases every claim of one kind a holder took, e.g. a restarted service's predecessor's."""
+    GetRun: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.GetRunRequest, _transcript_service_pb2.GetRunResponse]  # type: ignore[assignment]
+    """The live run a run id names: the acting user's unexpired RUN claim whose holder is that id, and
+    the one root session it runs in. Tools that act for a run (handoff-read) resolve the session this
+    way, never from a session id a model or a client chose.
+    """
     ListSessionEvents: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.ListSessionEventsRequest, _transcript_service_pb2.ListSessionEventsResponse]  # type: ignore[assignment]
     """Pages through the session events outbox."""
     WatchSessionEvents: _aio.UnaryStreamMultiCallable[_transcript_service_pb2.WatchSessionEventsRequest, _transcript_service_pb2.WatchSessionEventsResponse]  # type: ignore[assignment]
@@ -336,6 +346,17 @@ class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_transcript_service_pb2.ReleaseHolderClaimsResponse, _abc.Awaitable[_transcript_service_pb2.ReleaseHolderClaimsResponse]]:
         """Releases every claim of one kind a holder took, e.g. a restarted service's predecessor's."""
+
+    @_abc_1.abstractmethod
+    def GetRun(
+        self,
+        request: _transcript_service_pb2.GetRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transcript_service_pb2.GetRunResponse, _abc.Awaitable[_transcript_service_pb2.GetRunResponse]]:
+        """The live run a run id names: the acting user's unexpired RUN claim whose holder is that id, and
+        the one root session it runs in. Tools that act for a run (handoff-read) resolve the session this
+        way, never from a session id a model or a client chose.
+        """
 
     @_abc_1.abstractmethod
     def ListSessionEvents(
