@@ -45,6 +45,12 @@ class MergeSettings(ServiceSettings):
     lease_renew_seconds: float = Field(default=3.0, gt=0)
     # How often an idle worker looks for operations that need one (a start in this process wakes it at once).
     worker_poll_seconds: float = Field(default=2.0, gt=0)
+    # Operations one replica works on at once.
+    max_concurrent_runs: int = Field(default=4, ge=1, le=64)
+    # A run stopped by a transient failure (transcript or the provider unreachable) retries after this long.
+    retry_seconds: float = Field(default=30.0, gt=0)
+    # Recovery tests only: the named point (see `worker`) at which the process kills itself.
+    crash_at: str = Field(default="", max_length=64)
     # Run the worker in this process (off: this replica only answers the API).
     worker_enabled: bool = True
     # Names this replica's leases. Empty: a name unique to this start.

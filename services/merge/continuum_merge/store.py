@@ -378,14 +378,21 @@ async def cancel(connection: AsyncConnection, operation_id: str, owner: str, now
     return (await connection.execute(statement)).rowcount == 1
 
 
-async def claimable(connection: AsyncConnection, now_ms: int, limit: int) -> list[Operation]:
-    """Preparing operations no live worker holds and not waiting for a retry time, oldest first."""
+def _lease_free(lease_owner: str, now_ms: int) -> Any:
+    # No live lease, or one this very replica held before it restarted (its name is stable).
+    table = session_merges
+    return or_(table.c.lease_expire_ms.is_(None), table.c.lease_expire_ms <= now_ms, table.c.lease_owner == lease_owner)
+
+
+async def claimable(connection: AsyncConnection, lease_owner: str, now_ms: int, limit: int) -> list[Operation]:
+    """Preparing operations no live worker holds (or this replica's previous start held) and not
+    waiting for a retry time, oldest first."""
     table = session_merges
     query = (
         select(table)
         .where(
             table.c.status == "preparing",
-            or_(table.c.lease_expire_ms.is_(None), table.c.lease_expire_ms <= now_ms),
+            _lease_free(lease_owner, now_ms),
             or_(table.c.retry_ms.is_(None), table.c.retry_ms <= now_ms),
         )
         .order_by(table.c.update_ms, table.c.operation_id)
@@ -410,7 +417,7 @@ async def take_lease(
             table.c.operation_id == operation.operation_id,
             table.c.run_epoch == operation.run_epoch,
             table.c.status == "preparing",
-            or_(table.c.lease_expire_ms.is_(None), table.c.lease_expire_ms <= now_ms),
+            _lease_free(lease_owner, now_ms),
         )
         .values(
             run_epoch=table.c.run_epoch + 1,
@@ -692,3 +699,29 @@ async def save_cursor(connection: AsyncConnection, consumer: str, event_id: int,
         )
     )
     await connection.execute(statement)
+
+
+async def redo_unit(connection: AsyncConnection, fence: Fence, unit_id: str, now_ms: int) -> bool:
+    """A completed unit whose result file no longer matches its hash goes back to pending (only that
+    unit is redone); fenced like every worker write."""
+    if not await advance(connection, fence, now_ms):
+        return False
+    table = session_merge_units
+    statement = (
+        update(table)
+        .where(table.c.operation_id == fence.operation_id, table.c.unit_id == unit_id, table.c.state == "completed")
+        .values(state="pending", result_path=None, result_hash=None, update_ms=now_ms)
+    )
+    return (await connection.execute(statement)).rowcount == 1
+
+
+async def cancelled_with_free_lease(connection: AsyncConnection, after: str, limit: int) -> list[Operation]:
+    """Cancelled operations no worker holds any more (their writers stopped), by id after `after`."""
+    table = session_merges
+    query = (
+        select(table)
+        .where(table.c.status == "cancelled", table.c.lease_owner.is_(None), table.c.operation_id > after)
+        .order_by(table.c.operation_id)
+        .limit(limit)
+    )
+    return [Operation(**row) for row in (await connection.execute(query)).mappings()]

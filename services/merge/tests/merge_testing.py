@@ -3,7 +3,7 @@ the conflict details merge attaches (importable as `merge_testing`)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -23,8 +23,10 @@ from continuum.merge.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as tapi
 from continuum_merge import store
+from continuum_merge.pipeline import Pipeline
 from continuum_merge.server import start
 from continuum_merge.settings import MergeSettings
+from continuum_merge.worker import Failpoint
 from continuum_runtime.auth import call_metadata
 from continuum_runtime.channels import open_channel
 from continuum_runtime.clock import Clock
@@ -128,20 +130,47 @@ class MergeStack:
 
 @asynccontextmanager
 async def running_merge(
-    tmp_path: Path, database_url: str, clock: Clock | None = None, **overrides: object
+    tmp_path: Path,
+    database_url: str,
+    *,
+    clock: Clock | None = None,
+    pipeline: Pipeline | None = None,
+    failpoint: Failpoint | None = None,
+    overrides: Mapping[str, object] | None = None,
 ) -> AsyncIterator[MergeStack]:
-    """Transcript and merge started over `database_url`, with a client for each."""
-    async with running_transcript(tmp_path, database_url, clock) as transcript:
-        settings = merge_settings(tmp_path, database_url, transcript.service.port, **overrides)
-        service = await start(settings, clock=clock)
-        channel = open_channel(f"127.0.0.1:{service.port}")
-        database = Database(settings.resolved_database_url("merge"), schema="merge")
-        try:
-            yield MergeStack(transcript, api_grpc.MergeServiceStub(channel), service, settings, database)
-        finally:
-            await database.dispose()
-            await channel.close()
-            await service.stop(grace=0)
+    """Transcript and merge started over `database_url`, with a client for each; the worker runs the
+    stages through `pipeline` (none: this merge only answers the API)."""
+    async with (
+        running_transcript(tmp_path, database_url, clock) as transcript,
+        running_merge_service(
+            tmp_path, database_url, transcript, clock=clock, pipeline=pipeline, failpoint=failpoint, overrides=overrides
+        ) as stack,
+    ):
+        yield stack
+
+
+@asynccontextmanager
+async def running_merge_service(
+    tmp_path: Path,
+    database_url: str,
+    transcript: TranscriptClient,
+    *,
+    clock: Clock | None = None,
+    pipeline: Pipeline | None = None,
+    failpoint: Failpoint | None = None,
+    overrides: Mapping[str, object] | None = None,
+) -> AsyncIterator[MergeStack]:
+    """One more merge replica beside a running transcript (replicas share merge's database)."""
+    settings = merge_settings(tmp_path, database_url, transcript.service.port, **(overrides or {}))
+    service = await start(settings, clock=clock, pipeline=pipeline, failpoint=failpoint)
+    channel = open_channel(f"127.0.0.1:{service.port}")
+    database = Database(settings.resolved_database_url("merge"), schema="merge")
+    try:
+        yield MergeStack(transcript, api_grpc.MergeServiceStub(channel), service, settings, database)
+    finally:
+        await database.dispose()
+        await channel.close()
+        await service.stop(grace=0)
 
 
 async def refused(

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.postgres
 @pytest.fixture
 async def stack(tmp_path: Path, postgres_url: str) -> AsyncIterator[MergeStack]:
     """Both services on PostgreSQL, the worker off."""
-    async with running_merge(tmp_path, postgres_url, worker_enabled=False) as started:
+    async with running_merge(tmp_path, postgres_url, overrides={"worker_enabled": False}) as started:
         yield started
 
 
