@@ -21,8 +21,10 @@ from continuum_gateway.routing import Resource
 
 @pytest.fixture(scope="module")
 async def gateway(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx.AsyncClient]:
-    """A gateway whose upstreams are absent: the reference needs none."""
-    async with serving(create_app(gateway_settings(tmp_path_factory.mktemp("gw"), unused_address()))) as client:
+    """A gateway whose upstreams are absent: the reference needs none. With a merge address, so the
+    document has every route a gateway can serve."""
+    settings = gateway_settings(tmp_path_factory.mktemp("gw"), unused_address(), merge_address=unused_address())
+    async with serving(create_app(settings)) as client:
         yield client
 
 
@@ -42,7 +44,7 @@ def _component(document: dict[str, Any], name: str) -> dict[str, Any]:
 
 async def test_every_route_of_the_app_is_in_the_document(document: dict[str, Any], tmp_path: Path) -> None:
     assert document["openapi"] == "3.1.0"
-    app = create_app(gateway_settings(tmp_path, unused_address()))
+    app = create_app(gateway_settings(tmp_path, unused_address(), merge_address=unused_address()))
     routes = {
         (method.lower(), route.path)
         for route in app.routes
