@@ -81,6 +81,36 @@ async def cancel_merge(request: Request) -> Response:
 
 
 _OPERATION_ID = {"operation_id": "operationId"}
+# What a merge route can answer besides success, by what it reads (the body, an operation, the sources).
+_COMMON_ERRORS = {
+    401: "No valid bearer token.",
+    500: "An unexpected failure; nothing about it is disclosed.",
+    503: "Merge (or transcript behind it) is unavailable; retry later.",
+    504: "Merge did not answer in time.",
+}
+_BODY_ERRORS = {
+    408: "The body stalled for longer than the gateway waits (REQUEST_TIMEOUT).",
+    413: "The body is over the gateway's limit (REQUEST_TOO_LARGE).",
+}
+_OPERATION_ERRORS = {
+    400: "Malformed request (INVALID_ARGUMENT, naming the field), or a refused precondition carrying the "
+    "operation as it stands (a resume: MERGE_STALE_OPERATION; a cancel: MERGE_ALREADY_COMPLETED).",
+    403: "The operation belongs to another user (MERGE_PERMISSION_DENIED).",
+    404: "No such operation (MERGE_OPERATION_NOT_FOUND).",
+}
+_START_ERRORS = {
+    400: "Malformed request (INVALID_ARGUMENT, naming the field), a busy source (MERGE_SOURCE_BUSY) or a "
+    "cancelled merge still stopping (MERGE_CANCEL_CLEANUP, carrying it).",
+    403: "A source session belongs to another user.",
+    404: "No such source session.",
+    409: "An unfinished merge exists (MERGE_ACTIVE_EXISTS), or the idempotency key was used with other "
+    "parameters (MERGE_IDEMPOTENCY_CONFLICT); the error carries that operation.",
+}
+
+
+def _errors(*tables: dict[int, str]) -> dict[int, str]:
+    return dict(sorted({status: text for table in tables for status, text in table.items()}.items()))
+
 
 ROUTES = [
     resource(
@@ -97,6 +127,7 @@ ROUTES = [
                     200: "The idempotency key named a merge started before with the same parameters; it is answered.",
                 },
                 response_headers={"Location": "The operation's path, `/v1/session-merges/{operation_id}`."},
+                errors=_errors(_COMMON_ERRORS, _BODY_ERRORS, _START_ERRORS),
             )
         },
     ),
@@ -109,6 +140,7 @@ ROUTES = [
                 request=api.GetActiveMergeRequest,
                 response=api.GetActiveMergeResponse,
                 statuses={200: "The user's unfinished merge.", 204: "The user has no unfinished merge."},
+                errors=_errors(_COMMON_ERRORS),
             )
         },
     ),
@@ -122,6 +154,7 @@ ROUTES = [
                 body="*",
                 path=_OPERATION_ID,
                 response=api.ResumeMergeResponse,
+                errors=_errors(_COMMON_ERRORS, _BODY_ERRORS, _OPERATION_ERRORS),
             )
         },
     ),
@@ -130,13 +163,25 @@ ROUTES = [
         "session_merge_cancel",
         {
             "POST": Operation(
-                cancel_merge, request=api.CancelMergeRequest, path=_OPERATION_ID, response=api.CancelMergeResponse
+                cancel_merge,
+                request=api.CancelMergeRequest,
+                path=_OPERATION_ID,
+                response=api.CancelMergeResponse,
+                errors=_errors(_COMMON_ERRORS, _OPERATION_ERRORS),
             )
         },
     ),
     resource(
         "/v1/session-merges/{operation_id}",
         "session_merge",
-        {"GET": Operation(get_merge, request=api.GetMergeRequest, path=_OPERATION_ID, response=api.GetMergeResponse)},
+        {
+            "GET": Operation(
+                get_merge,
+                request=api.GetMergeRequest,
+                path=_OPERATION_ID,
+                response=api.GetMergeResponse,
+                errors=_errors(_COMMON_ERRORS, _OPERATION_ERRORS),
+            )
+        },
     ),
 ]

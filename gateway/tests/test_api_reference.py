@@ -127,6 +127,30 @@ async def test_parameters_and_responses_are_described(document: dict[str, Any]) 
     assert "INVALID_JSON" in _component(document, "continuum.gateway.v1.ErrorReason")["enum"]
 
 
+async def test_merge_routes_say_what_they_answer_and_conflicts_carry_the_operation(document: dict[str, Any]) -> None:
+    active = document["paths"]["/v1/session-merges:active"]["get"]["responses"]
+    assert "content" in active["200"]
+    assert "content" not in active["204"]
+    start = document["paths"]["/v1/session-merges"]["post"]
+    assert set(start["responses"]) >= {"200", "201", "400", "403", "404", "409", "default"}
+    assert start["responses"]["201"]["headers"]["Location"]["required"] is True
+    resume = document["paths"]["/v1/session-merges/{operation_id}:resume"]["post"]
+    assert [p["name"] for p in resume["parameters"]] == ["operation_id"]
+    body = resume["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
+    assert "operationId" not in _component(document, body)["properties"]
+    assert "MERGE_ACTIVE_EXISTS" in _component(document, "continuum.merge.v1.ErrorReason")["enum"]
+    details = _component(document, "ErrorStatus")["properties"]["details"]["items"]["anyOf"]
+    [operation] = [d for d in details if "progress" in d.get("properties", {})]
+    assert operation["properties"]["@type"] == {"const": "type.googleapis.com/continuum.merge.v1.MergeOperation"}
+    assert operation["required"][0] == "@type"
+
+
+async def test_a_gateway_without_merge_documents_no_merge_route(tmp_path: Path) -> None:
+    async with serving(create_app(gateway_settings(tmp_path, unused_address()))) as client:
+        document = (await client.get("/v1/openapi.json")).json()
+    assert not [path for path in document["paths"] if path.startswith("/v1/session-merges")]
+
+
 def test_maps_durations_and_well_known_types() -> None:
     schemas = SchemaBuilder(ProtoComments.load())
     schemas.message(error_details_pb2.ErrorInfo.DESCRIPTOR, Direction.OUTPUT)
