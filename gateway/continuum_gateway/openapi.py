@@ -54,7 +54,7 @@ _JSON = "application/json"
 _ERROR_REF = {"$ref": f"#/components/schemas/{ERROR}"}
 
 _INTRODUCTION = """\
-HTTP and WebSocket access to Continuum sessions: their messages, compaction and live transcript.
+HTTP and WebSocket access to Continuum sessions: their messages, compaction, merges and live transcript.
 
 **Authentication.** Every route but the probes and this reference needs `Authorization: Bearer
 <token>`; the token stands for one user, and the services decide what that user may read.
