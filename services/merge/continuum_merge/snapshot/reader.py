@@ -17,8 +17,11 @@ from continuum_merge.snapshot.errors import SourceUnavailable
 from continuum_merge.snapshot.layout import SourceCut
 
 R = TypeVar("R")
-# Messages per ListMessagesAfter page; transcript also ends a page once its bodies hold 16 MiB.
-MESSAGE_PAGE_SIZE = 200
+# A page of messages aims at this many body bytes (transcript ends a page at 16 MiB in any case): the
+# next page's size follows the sizes seen so far, between 1 and MAX_MESSAGE_PAGE_SIZE messages.
+PAGE_BODY_BYTES = 2 * 1024 * 1024
+MAX_MESSAGE_PAGE_SIZE = 1000
+FIRST_MESSAGE_PAGE_SIZE = 8
 SESSION_PAGE_SIZE = 200
 # The most sessions one source tree may have, so a runaway tree cannot grow the cut without bound.
 MAX_TREE_SESSIONS = 10_000
@@ -110,10 +113,9 @@ class TranscriptSourceReader:
 
     async def message_pages(self, session_id: str, up_to: int) -> AsyncIterator[list[tpb.Message]]:
         after = 0
+        page_size = FIRST_MESSAGE_PAGE_SIZE
         while after < up_to:
-            request = api.ListMessagesAfterRequest(
-                session_id=session_id, after_message_id=after, page_size=MESSAGE_PAGE_SIZE
-            )
+            request = api.ListMessagesAfterRequest(session_id=session_id, after_message_id=after, page_size=page_size)
             response: api.ListMessagesAfterResponse = await self._call(self._stub.ListMessagesAfter, request)
             page = [message for message in response.messages if message.message_id <= up_to]
             if page:
@@ -121,6 +123,8 @@ class TranscriptSourceReader:
             if len(page) < len(response.messages) or not response.next_page_token or not response.messages:
                 return
             after = response.messages[-1].message_id
+            average = max(1, sum(message.body_bytes for message in page) // len(page))
+            page_size = max(1, min(MAX_MESSAGE_PAGE_SIZE, PAGE_BODY_BYTES // average))
 
     async def attachment(self, attachment_id: str) -> tpb.Attachment | None:
         try:
