@@ -38,7 +38,7 @@ from continuum_merge.snapshot.layout import (
     raw_path,
 )
 from continuum_merge.snapshot.reader import AttachmentUnreadable, SourceReader
-from continuum_merge.snapshot.records import canonical, prepare_message, prepare_session, sha256_hex
+from continuum_merge.snapshot.records import PreparedRecord, canonical, prepare_message, prepare_session, sha256_hex
 from continuum_merge.snapshot.verify import iter_jsonl, verify_snapshot
 from continuum_merge.snapshot.writer import PackageWriter, disk_free, fresh_directory, sync_directory, sync_tree
 
@@ -151,7 +151,7 @@ def _add_session(writer: PackageWriter, session: tpb.Session) -> None:
             {"recordRef": record.record_ref, "sessionId": session.session_id, "recordId": session.session_id}
         )
     else:
-        writer.add_record(record, [])
+        writer.add_records([(record, [])])
 
 
 async def _pages_ahead(pages: AsyncIterator[list[tpb.Message]]) -> AsyncIterator[list[tpb.Message]]:
@@ -225,6 +225,7 @@ def _asset_row(attachment: tpb.Attachment) -> dict[str, Any]:
 def _write_page(
     writer: PackageWriter, page: list[tpb.Message], root_session_id: str, assets: dict[str, dict[str, Any] | None]
 ) -> None:
+    batch: list[tuple[PreparedRecord, list[dict[str, Any]]]] = []
     for message in page:
         record = prepare_message(message, root_session_id)
         position = {"sessionId": message.session_id, "recordId": str(message.message_id)}
@@ -243,7 +244,8 @@ def _write_page(
                 )  # fmt: skip
             else:
                 rows.append({**row, "part": index})
-        writer.add_record(record, rows)
+        batch.append((record, rows))
+    writer.add_records(batch)
 
 
 def _import_prior(writer: PackageWriter, package_dir: Path, operation_id: str, session_id: str) -> None:

@@ -10,11 +10,11 @@ package) is one record, and an edited message is another.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from google.protobuf import json_format
 
 from continuum.transcript.v1 import resources_pb2 as tpb
@@ -33,8 +33,8 @@ REFERENCE = "reference"
 
 
 def canonical(value: object) -> bytes:
-    """The one serialization hashed everywhere: sorted keys, no spaces, UTF-8."""
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
+    """The one serialization hashed everywhere: JSON with sorted keys, no spaces, UTF-8."""
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
 def sha256_hex(data: bytes) -> str:

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from continuum_merge.snapshot.errors import PackageDamaged
 from continuum_merge.snapshot.layout import (
     ASSETS_DIR,
@@ -38,8 +40,8 @@ def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
     with path.open("rb") as handle:
         for number, line in enumerate(handle, start=1):
             try:
-                row = json.loads(line)
-            except ValueError as error:
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError as error:
                 raise PackageDamaged(str(path.parent.parent), f"{path.name} line {number} is not JSON") from error
             if not isinstance(row, dict):
                 raise PackageDamaged(str(path.parent.parent), f"{path.name} line {number} is not an object")

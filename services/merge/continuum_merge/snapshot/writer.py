@@ -8,7 +8,8 @@ import ctypes
 import hashlib
 import os
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -31,6 +32,7 @@ from continuum_merge.snapshot.records import PreparedRecord, canonical, utf8_par
 # Free space is asked again after at most this many bytes were written since the last look.
 RESERVE_CHECK_BYTES = 4 * 1024 * 1024
 STREAM_BUFFER_BYTES = 1024 * 1024
+WRITER_THREADS = 4
 
 
 def disk_free(path: Path) -> int:
@@ -116,6 +118,8 @@ class PackageWriter:
         for directory in (RAW_DIR, TEXT_DIR, ASSETS_DIR):
             (staging / directory).mkdir(parents=True)
         self.streams = {name: JsonlStream(staging / name) for name in STREAMS}
+        # Creating a file costs more than writing it on some file systems: a few threads overlap that.
+        self._pool = ThreadPoolExecutor(max_workers=WRITER_THREADS, thread_name_prefix="snapshot-writer")
 
     def reserve(self, upcoming: int) -> None:
         """Refuse to write `upcoming` more bytes once the free space, less what was written since the
@@ -142,49 +146,43 @@ class PackageWriter:
         self._scratch_count += 1
         return AssetCopy(self, self.staging / ASSETS_DIR / f".incoming-{self._scratch_count}")
 
-    def _write(self, path: str, data: bytes) -> str:
-        self.reserve(len(data))
-        with (self.staging / path).open("xb") as handle:
-            handle.write(data)
-        self.byte_count += len(data)
-        return hashlib.sha256(data).hexdigest()
-
-    def add_record(
-        self,
-        record: PreparedRecord,
-        assets: list[dict[str, Any]],
-        *,
-        blocking: bool = False,
-    ) -> None:
-        """Write a new record: its raw JSON, its text parts, its asset rows, then its records line."""
-        ref = record.record_ref
-        files = self.streams[FILES]
-        sha = self._write(raw_path(ref), record.raw)
-        files.write({"ref": f"r_{ref}", "recordRef": ref, "part": None, "path": raw_path(ref),
-                     "bytes": len(record.raw), "sha256": sha, "kind": "raw"})  # fmt: skip
-        parts = 0
-        for parts, data in enumerate(utf8_parts(record.text), start=1):
-            part = parts - 1
-            path = text_path(ref, part)
-            sha = self._write(path, data)
-            files.write({"ref": f"r_{ref}:p{part}", "recordRef": ref, "part": part, "path": path,
-                         "bytes": len(data), "sha256": sha, "kind": "text"})  # fmt: skip
-        for asset in assets:
-            files.write({**asset, "recordRef": ref})
-            self.byte_count += int(asset["bytes"])
-        self.streams[RECORDS].write(
-            {
-                "recordRef": ref,
-                "origin": dict(record.origin),
-                "role": record.role,
-                "createdAt": record.created_at,
-                "rawRef": raw_path(ref),
-                "textParts": parts,
-                "processingPolicy": "blocked" if blocking else record.processing_policy,
-            }
-        )
-        if blocking:
-            self.blocking.append(ref)
+    def add_records(self, batch: Sequence[tuple[PreparedRecord, Sequence[Mapping[str, Any]]]]) -> None:
+        """Write new records (each with the files rows of its assets): their raw JSON and text parts are
+        written by the writer threads at once, then each record's files rows and records line, in order."""
+        pending: list[tuple[PreparedRecord, Sequence[Mapping[str, Any]], list[tuple[str, int, Future[str]]]]] = []
+        for record, assets in batch:
+            contents = [(raw_path(record.record_ref), record.raw)]
+            contents += [
+                (text_path(record.record_ref, part), data) for part, data in enumerate(utf8_parts(record.text))
+            ]
+            self.reserve(sum(len(data) for _, data in contents))
+            files = [
+                (path, len(data), self._pool.submit(_write_new, self.staging / path, data)) for path, data in contents
+            ]
+            pending.append((record, assets, files))
+        for record, assets, files in pending:
+            ref = record.record_ref
+            for part, (path, size, written) in enumerate(files, start=-1):
+                row: dict[str, Any] = {"ref": f"r_{ref}", "part": None, "kind": "raw"}
+                if part >= 0:
+                    row = {"ref": f"r_{ref}:p{part}", "part": part, "kind": "text"}
+                sha = written.result()
+                self.streams[FILES].write({**row, "recordRef": ref, "path": path, "bytes": size, "sha256": sha})
+                self.byte_count += size
+            for asset in assets:
+                self.streams[FILES].write({**asset, "recordRef": ref})
+                self.byte_count += int(asset["bytes"])
+            self.streams[RECORDS].write(
+                {
+                    "recordRef": ref,
+                    "origin": dict(record.origin),
+                    "role": record.role,
+                    "createdAt": record.created_at,
+                    "rawRef": raw_path(ref),
+                    "textParts": len(files) - 1,
+                    "processingPolicy": record.processing_policy,
+                }
+            )
 
     def copy_record_file(self, source: Path, path: str) -> str:
         """Copy one file of an earlier package into the same place here, hashing while copying; its sha256.
@@ -206,9 +204,17 @@ class PackageWriter:
         self.streams[GAPS].write(row)
 
     def close(self) -> None:
-        """Flush and close every stream."""
+        """Flush and close every stream; stop the writer threads."""
+        self._pool.shutdown()
         for stream in self.streams.values():
             stream.close()
+
+
+def _write_new(path: Path, data: bytes) -> str:
+    """Create `path` (it must not exist) holding `data`; the sha256 of `data`."""
+    with path.open("xb") as handle:
+        handle.write(data)
+    return hashlib.sha256(data).hexdigest()
 
 
 def fresh_directory(path: Path) -> None:
