@@ -15,6 +15,7 @@ from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum_merge.snapshot import (
     PackageDamaged,
     SourceMissing,
+    SourceUnavailable,
     TranscriptSourceReader,
     build_snapshot,
     verify_snapshot,
@@ -236,3 +237,42 @@ async def test_another_users_session_is_a_missing_source(tmp_path: Path, databas
         with pytest.raises(SourceMissing):
             await build_snapshot(other, await sources.cuts("a"), tmp_path / "op", version=1, disk_reserve_bytes=0)
     assert not (tmp_path / "op" / "snapshot").exists()
+
+
+async def test_a_merged_source_whose_package_is_gone_is_a_gap_and_a_damaged_one_refuses(
+    tmp_path: Path, database_url: str
+) -> None:
+    async with running_sources(tmp_path, database_url) as sources:
+        await _two_trees(sources)
+        first = tmp_path / "packages" / "op-1"
+        await build_snapshot(sources.reader, await sources.cuts("a"), first, version=1, disk_reserve_bytes=0)
+        await sources.session("c", kind=tpb.SESSION_KIND_MERGED, metadata={"sessionMergeOperationId": "op-1"})
+        await sources.append("c", text_message(ASSISTANT, "handoff entry"))
+        await sources.session("d", kind=tpb.SESSION_KIND_MERGED, metadata={"sessionMergeOperationId": "op-gone"})
+        await sources.session("e", kind=tpb.SESSION_KIND_MERGED, metadata={"sessionMergeOperationId": "../op-1"})
+        second = tmp_path / "packages" / "op-2"
+
+        sealed = await build_snapshot(
+            sources.reader, await sources.cuts("d", "e"), second, version=1, disk_reserve_bytes=0
+        )
+        assert sealed.record_count == 2  # the two sessions; nothing read outside the package root's own ids
+        gaps = rows(second, "gaps.jsonl")
+        assert [(gap["kind"], gap["sessionId"]) for gap in gaps] == [
+            ("prior_package_missing", "d"),
+            ("prior_package_invalid", "e"),
+        ]
+
+        text_file = next((first / "snapshot" / "text").iterdir())
+        text_file.write_bytes(b"tampered")
+        with pytest.raises(PackageDamaged):
+            await build_snapshot(sources.reader, await sources.cuts("c"), second, version=2, disk_reserve_bytes=0)
+    assert verify_snapshot(second).version == 1
+
+
+async def test_transcript_down_is_unavailable_not_missing(tmp_path: Path, database_url: str) -> None:
+    async with running_sources(tmp_path, database_url) as sources:
+        await sources.session("a")
+        cuts = await sources.cuts("a")
+        await sources.client.service.stop(grace=0)
+        with pytest.raises(SourceUnavailable):
+            await build_snapshot(sources.reader, cuts, tmp_path / "op", version=1, disk_reserve_bytes=0)
