@@ -43,7 +43,7 @@ async def answer(messages: list[ChatMessage], max_output_tokens: int | None = No
 
 
 async def test_extract_files_each_input_by_the_kind_of_its_most_telling_line() -> None:
-    inputs = [
+    inputs: list[dict[str, Any]] = [
         {"alias": "i1", "role": "user", "text": "Rename the field to displayName.\nKeep the old name readable."},
         {"alias": "i2", "role": "tool", "text": "collected 3 items\nE   AssertionError: name missing"},
         {"alias": "i3", "role": "assistant", "text": "$ pytest tests/test_api.py -q"},
@@ -51,6 +51,7 @@ async def test_extract_files_each_input_by_the_kind_of_its_most_telling_line() -
         {"alias": "i5", "role": "assistant", "text": "TODO: the front end still reads the old field"},
         {"alias": "i6", "role": "assistant", "text": "Looked around."},
         {"alias": "i7", "role": "assistant", "text": "  \n"},
+        {"alias": "i8", "role": "user", "text": "Shown for continuity only.", "context": True},
     ]
     payload = await answer(request("extract", inputs))
     assert payload["schemaVersion"] == 2
@@ -69,7 +70,7 @@ async def test_extract_files_each_input_by_the_kind_of_its_most_telling_line() -
 
 
 async def test_condense_groups_items_by_section_and_status_and_cites_every_member() -> None:
-    inputs = [
+    inputs: list[dict[str, Any]] = [
         {"alias": f"a{n}", "section": "checks", "status": "failed", "content": f"check {n} failed"} for n in range(5)
     ] + [{"alias": "a9", "section": "goals", "status": "recorded", "content": "ship it"}]
     payload = await answer(request("condense", inputs))

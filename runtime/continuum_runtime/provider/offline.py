@@ -229,7 +229,11 @@ _CONDENSED_QUOTE_CHARS = 80
 def _structured_items(request: StructuredRequest) -> list[dict[str, Any]]:
     """The items the offline provider answers `request` with (before fitting the output limit)."""
     if request.mode == "extract":
-        return [item for entry in request.inputs if (item := _extracted_item(entry, request.hints)) is not None]
+        return [
+            item
+            for entry in request.inputs
+            if entry.get("context") is not True and (item := _extracted_item(entry, request.hints)) is not None
+        ]
     groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for entry in request.inputs:
         key = (entry.get("section"), entry.get("status"))

@@ -6,7 +6,8 @@ JSON object ``{"inputs": [...]}``. The header names the mode, the legal sections
 `hints`: which section and status the offline provider gives each kind of line it recognises. The
 service that sends the request owns those names; this module only carries them.
 
-- mode ``extract``: each input is ``{"alias", "role", "text"}``, a piece of the original history.
+- mode ``extract``: each input is ``{"alias", "role", "text"}``, a piece of the original history;
+  ``"context": true`` marks one shown only for continuity (already extracted by an earlier request).
 - mode ``condense``: each input is ``{"alias", "section", "status", "content"}``, an item of a lower layer.
 
 The answer is ``{"schemaVersion": 2, "items": [{"section", "status", "content", "evidence": [alias, …]}]}``.

@@ -1,0 +1,178 @@
+"""One extraction unit: read its parts from the sealed snapshot, ask the model, check, write the result.
+
+No database work happens here (the caller's short transactions surround it). The result is written to
+``work/<unit id>.json`` through a temporary file and a rename, and its sha256 returned, so the caller can
+commit path and hash; a crash before that commit leaves at most a result the next run overwrites.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from continuum_merge.extraction.errors import AnswerInvalid
+from continuum_merge.extraction.package import WORK_DIR, read_text_part, write_atomic
+from continuum_merge.extraction.plan import PartSpec, UnitBudget, UnitSpec, scan_unit
+from continuum_merge.extraction.prompts import extract_request
+from continuum_merge.extraction.schema import SCHEMA_VERSION, AnswerItem, AnswerProblem, parse_answer
+from continuum_runtime.provider import Completion, ModelProvider, Usage
+
+__all__ = ["RESULT_KIND", "CallRecord", "UnitOutcome", "item_id", "run_unit", "sum_usage"]
+
+logger = logging.getLogger("continuum.merge.extraction")
+
+RESULT_KIND = "extraction"
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One model request a unit made: who answered, what it cost (as reported) and how it ended."""
+
+    model: str
+    usage: Usage
+    finish_reason: str | None
+
+
+@dataclass(frozen=True)
+class UnitOutcome:
+    """A unit's written result."""
+
+    unit_id: str
+    # Absolute, and relative to the operation's directory (what the unit row stores).
+    path: Path
+    relative_path: str
+    sha256: str
+    item_count: int
+    # The model that answered the accepted request.
+    model: str
+    # Summed over the calls; None when any call's usage was not reported (unknown is not zero).
+    usage: Usage | None
+    calls: tuple[CallRecord, ...]
+
+
+async def run_unit(
+    spec: UnitSpec,
+    package_dir: Path,
+    provider: ModelProvider,
+    *,
+    model: str,
+    budget: UnitBudget | None = None,
+) -> UnitOutcome:
+    """Extract `spec`'s parts with `provider` and write ``work/<unit id>.json``.
+
+    `model` is the model the operation asked for (recorded beside the one that answered). An answer
+    that fails the checks gets one repair request naming the problem; a second failure raises
+    AnswerInvalid. Provider failures propagate as `ProviderError`; a damaged snapshot as PackageUnreadable.
+    """
+    budget = budget or UnitBudget()
+    context, own = scan_unit(package_dir, spec)
+    inputs, by_alias = _inputs(package_dir, context, own)
+    calls: list[CallRecord] = []
+    rejected: str | None = None
+    for _ in range(2):
+        completion = await provider.complete(
+            extract_request(inputs, rejected=rejected), max_output_tokens=budget.output_tokens
+        )
+        calls.append(CallRecord(completion.model, completion.usage, completion.finish_reason))
+        try:
+            items = parse_answer(completion.text, by_alias)
+        except AnswerProblem as problem:
+            rejected = str(problem)
+            logger.warning(
+                "extraction answer rejected",
+                extra={"unit_id": spec.unit_id, "model": completion.model, "problem": rejected},
+            )
+            continue
+        return _write(spec, package_dir, model, completion, items, by_alias, tuple(calls))
+    raise AnswerInvalid(f"unit {spec.unit_id}: answer still invalid after one repair: {rejected}", unit_id=spec.unit_id)
+
+
+def item_id(unit_id: str, index: int) -> str:
+    """The program-assigned id of the `index`-th item of a unit (layer) result."""
+    return "it_" + hashlib.sha256(f"{unit_id}\n{index}".encode()).hexdigest()[:32]
+
+
+def sum_usage(calls: Sequence[CallRecord]) -> Usage | None:
+    """The calls' usage added up, or None when any call left a figure unreported."""
+    prompt = [call.usage.prompt_tokens for call in calls]
+    completion = [call.usage.completion_tokens for call in calls]
+    if any(value is None for value in (*prompt, *completion)):
+        return None
+    return Usage(
+        prompt_tokens=sum(v for v in prompt if v is not None),
+        completion_tokens=sum(v for v in completion if v is not None),
+    )
+
+
+def _inputs(
+    package_dir: Path, context: list[PartSpec], own: list[PartSpec]
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The request's inputs (text read and verified) and each alias's evidence entry."""
+    inputs: list[dict[str, Any]] = []
+    by_alias: dict[str, dict[str, Any]] = {}
+    for number, part in enumerate([*context, *own], start=1):
+        alias = f"i{number}"
+        text = read_text_part(package_dir, part.path, size=part.size, sha256=part.sha256)
+        entry: dict[str, Any] = {"alias": alias, "role": part.role, "source": part.session_id, "text": text}
+        if number <= len(context):
+            entry["context"] = True
+        inputs.append(entry)
+        by_alias[alias] = {
+            "ref": part.ref,
+            "recordRef": part.record_ref,
+            "part": part.part,
+            "sessionId": part.session_id,
+            # The whole part, in UTF-16 code units (what editors and browsers index by).
+            "utf16": [0, len(text.encode("utf-16-le")) // 2],
+        }
+    return inputs, by_alias
+
+
+def _write(
+    spec: UnitSpec,
+    package_dir: Path,
+    requested_model: str,
+    completion: Completion,
+    items: list[AnswerItem],
+    by_alias: dict[str, dict[str, Any]],
+    calls: tuple[CallRecord, ...],
+) -> UnitOutcome:
+    result = {
+        "schemaVersion": SCHEMA_VERSION,
+        "kind": RESULT_KIND,
+        "unitId": spec.unit_id,
+        "ordinal": spec.ordinal,
+        "snapshotHash": spec.snapshot_hash,
+        "inputHash": spec.input_hash,
+        "processorVersion": spec.processor_version,
+        "requestedModel": requested_model,
+        "model": completion.model,
+        "items": [
+            {
+                "itemId": item_id(spec.unit_id, index),
+                "section": item.section,
+                "status": item.status,
+                "content": item.content,
+                "evidence": [by_alias[alias] for alias in item.evidence],
+            }
+            for index, item in enumerate(items)
+        ],
+    }
+    relative = f"{WORK_DIR}/{spec.unit_id}.json"
+    path = package_dir / relative
+    digest = write_atomic(path, json.dumps(result, ensure_ascii=False, sort_keys=True).encode())
+    return UnitOutcome(
+        unit_id=spec.unit_id,
+        path=path,
+        relative_path=relative,
+        sha256=digest,
+        item_count=len(items),
+        model=completion.model,
+        usage=sum_usage(calls),
+        calls=calls,
+    )
