@@ -13,6 +13,7 @@ worker commits units around `run_unit` in its own short transactions.
 
 from __future__ import annotations
 
+from continuum_merge.extraction.aggregate import HandoffReady, aggregate, verify_handoff
 from continuum_merge.extraction.errors import AnswerInvalid, ExtractionError, HandoffDamaged, PackageUnreadable
 from continuum_merge.extraction.plan import UnitBudget, UnitSpec, plan_units, scan_unit
 from continuum_merge.extraction.unit import CallRecord, UnitOutcome, run_unit
@@ -22,11 +23,14 @@ __all__ = [
     "CallRecord",
     "ExtractionError",
     "HandoffDamaged",
+    "HandoffReady",
     "PackageUnreadable",
     "UnitBudget",
     "UnitOutcome",
     "UnitSpec",
+    "aggregate",
     "plan_units",
     "run_unit",
     "scan_unit",
+    "verify_handoff",
 ]
