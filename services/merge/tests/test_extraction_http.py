@@ -1,0 +1,163 @@
+"""Extraction through the real HTTP model client against a scripted OpenAI-compatible server on loopback."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from extraction_testing import SnapshotBuilder
+from model_server_testing import MODEL, FakeModelServer, completion
+
+from continuum_merge.extraction import (
+    AnswerInvalid,
+    UnitBudget,
+    UnitSpec,
+    aggregate,
+    plan_units,
+    run_unit,
+    verify_handoff,
+)
+from continuum_runtime.provider import (
+    ITEMS_PROTOCOL,
+    OpenAICompatibleProvider,
+    ProviderOutputTruncated,
+    ProviderSettings,
+    Usage,
+)
+
+SECRET_TEXT = "PRIVATE: the user's unreleased plan"
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[FakeModelServer]:
+    fake = FakeModelServer()
+    await fake.start()
+    try:
+        yield fake
+    finally:
+        await fake.stop()
+
+
+@pytest.fixture
+async def provider(server: FakeModelServer) -> AsyncIterator[OpenAICompatibleProvider]:
+    client = OpenAICompatibleProvider(ProviderSettings(kind="openai", base_url=server.url, model=MODEL, max_retries=0))
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+def one_unit(package_dir: Path) -> tuple[Path, UnitSpec]:
+    builder = SnapshotBuilder(package_dir)
+    builder.add("session-a", 1, "user", "Rename name to displayName in the users response.")
+    builder.add("session-a", 2, "assistant", f"Done in api/users.py. {SECRET_TEXT}")
+    builder.add("session-b", 1, "assistant", "The header still reads user.name; integration is open.")
+    package = builder.seal()
+    (unit,) = plan_units(package, processor_version="p1", budget=UnitBudget())
+    return package, unit
+
+
+def answer(*items: dict[str, Any]) -> str:
+    return json.dumps({"schemaVersion": 2, "items": list(items)})
+
+
+RENAMED = {
+    "section": "changes",
+    "status": "completed",
+    "content": "A renamed name to displayName.",
+    "evidence": ["i1", "i2"],
+}
+OPEN = {"section": "conflicts_todos", "status": "pending", "content": "B still reads name.", "evidence": ["i3"]}
+
+
+async def test_a_valid_answer_becomes_the_unit_result_with_reported_usage(
+    tmp_path: Path, server: FakeModelServer, provider: OpenAICompatibleProvider
+) -> None:
+    package, unit = one_unit(tmp_path)
+    server.script(completion(answer(RENAMED, OPEN), usage={"prompt_tokens": 900, "completion_tokens": 13_370}))
+    outcome = await run_unit(unit, package, provider, model=MODEL)
+    assert outcome.usage == Usage(prompt_tokens=900, completion_tokens=13_370)
+    assert outcome.model == f"{MODEL}-2024"
+    result = json.loads(outcome.path.read_bytes())
+    assert [item["content"] for item in result["items"]] == [RENAMED["content"], OPEN["content"]]
+    assert [len(item["evidence"]) for item in result["items"]] == [2, 1]
+    assert result["items"][1]["evidence"][0]["sessionId"] == "session-b"
+    assert result["requestedModel"] == MODEL
+    (request,) = server.requests
+    body = request.json()
+    system, user = body["messages"]
+    assert system["content"].startswith(ITEMS_PROTOCOL + " ")
+    inputs = json.loads(user["content"])["inputs"]
+    assert [entry["alias"] for entry in inputs] == ["i1", "i2", "i3"]
+    assert SECRET_TEXT in inputs[1]["text"]
+    assert body["max_tokens"] == UnitBudget().output_tokens
+
+
+async def test_bad_json_gets_one_repair_request_naming_the_problem(
+    tmp_path: Path, server: FakeModelServer, provider: OpenAICompatibleProvider
+) -> None:
+    package, unit = one_unit(tmp_path)
+    server.script(
+        completion('{"schemaVersion": 2, "items": [{"section": "changes"'),
+        completion("```json\n" + answer(OPEN) + "\n```", usage={"prompt_tokens": 5, "completion_tokens": 7}),
+    )
+    outcome = await run_unit(unit, package, provider, model=MODEL)
+    assert len(server.requests) == 2 and len(outcome.calls) == 2
+    # The first answer reported no usage: the unit's total is unknown, not the second call's alone.
+    assert outcome.usage is None
+    assert outcome.calls[1].usage == Usage(prompt_tokens=5, completion_tokens=7)
+    repair = json.loads(server.requests[1].json()["messages"][1]["content"])
+    assert "not one complete JSON object" in repair["previousAnswerRejected"]
+    assert outcome.item_count == 1
+
+
+async def test_an_answer_citing_unknown_aliases_twice_fails_the_unit_without_a_result(
+    tmp_path: Path, server: FakeModelServer, provider: OpenAICompatibleProvider, caplog: pytest.LogCaptureFixture
+) -> None:
+    package, unit = one_unit(tmp_path)
+    invented = dict(OPEN, evidence=["i9"])
+    server.script(completion(answer(invented)), completion(answer(RENAMED, dict(OPEN, status="done"))))
+    with pytest.raises(AnswerInvalid, match="status must be one of") as raised:
+        await run_unit(unit, package, provider, model=MODEL)
+    assert raised.value.unit_id == unit.unit_id
+    repair = json.loads(server.requests[1].json()["messages"][1]["content"])
+    assert "did not give: 'i9'" in repair["previousAnswerRejected"]
+    assert not (package / "work").exists()
+    # Logs name the problem, never the history or the answer.
+    assert SECRET_TEXT not in caplog.text and "B still reads" not in caplog.text
+
+
+async def test_a_truncated_answer_is_never_a_result(
+    tmp_path: Path, server: FakeModelServer, provider: OpenAICompatibleProvider
+) -> None:
+    package, unit = one_unit(tmp_path)
+    server.script(completion(answer(RENAMED)[:40], finish_reason="length"))
+    with pytest.raises(ProviderOutputTruncated):
+        await run_unit(unit, package, provider, model=MODEL)
+    assert not (package / "work").exists()
+
+
+async def test_aggregation_condenses_through_the_http_client(
+    tmp_path: Path, server: FakeModelServer, provider: OpenAICompatibleProvider
+) -> None:
+    package, unit = one_unit(tmp_path)
+    server.script(completion(answer(RENAMED, OPEN)))
+    outcome = await run_unit(unit, package, provider, model=MODEL)
+    condensed = {
+        "section": "conflicts_todos",
+        "status": "conflict",
+        "content": "A renamed it; B reads old.",
+        "evidence": ["a1", "a2"],
+    }
+    server.script(completion(answer(condensed), usage={"prompt_tokens": 50, "completion_tokens": 20}))
+    ready = await aggregate(package, [outcome.path], provider, model=MODEL, brief_tokens=10)
+    assert (ready.layer_count, ready.brief_item_count, ready.navigation, ready.not_expanded) == (1, 1, False, 0)
+    brief = json.loads((package / "handoff" / "brief.json").read_bytes())
+    result = json.loads(outcome.path.read_bytes())
+    assert brief["items"][0]["evidence"] == [item["itemId"] for item in result["items"]]
+    condense_inputs = json.loads(server.requests[1].json()["messages"][1]["content"])["inputs"]
+    assert [entry["alias"] for entry in condense_inputs] == ["a1", "a2"]
+    assert verify_handoff(package) == ready
