@@ -161,3 +161,6 @@ async def test_aggregation_condenses_through_the_http_client(
     condense_inputs = json.loads(server.requests[1].json()["messages"][1]["content"])["inputs"]
     assert [entry["alias"] for entry in condense_inputs] == ["a1", "a2"]
     assert verify_handoff(package) == ready
+    # Aggregating again (after a crash) reuses the packs already answered.
+    assert await aggregate(package, [outcome.path], provider, model=MODEL, brief_tokens=10) == ready
+    assert len(server.requests) == 2

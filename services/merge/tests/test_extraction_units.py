@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 from extraction_testing import SnapshotBuilder
 
-from continuum_merge.extraction import PackageUnreadable, UnitBudget, plan_units, run_unit, scan_unit
+from continuum_merge.extraction import (
+    PackageUnreadable,
+    UnitBudget,
+    plan_units,
+    run_unit,
+    scan_unit,
+    verify_unit_result,
+)
 from continuum_merge.extraction.schema import SECTIONS, STATUSES
 from continuum_runtime.provider import OFFLINE_MODEL, OfflineProvider
 
@@ -97,3 +104,20 @@ async def test_a_damaged_part_stops_the_unit_before_any_model_call(tmp_path: Pat
     with pytest.raises(PackageUnreadable, match="unreadable"):
         await run_unit(unit, package, OfflineProvider(), model="", budget=BUDGET)
     assert not (package / "work").exists()
+
+
+async def test_a_committed_result_is_reused_only_while_its_hash_matches(tmp_path: Path) -> None:
+    package = continuation(tmp_path)
+    unit = plan_units(package, processor_version="p1", budget=BUDGET)[0]
+    outcome = await run_unit(unit, package, OfflineProvider(), model="", budget=BUDGET)
+    assert verify_unit_result(package, outcome.relative_path, outcome.sha256) == outcome.path
+    with pytest.raises(PackageUnreadable, match="not in the work directory"):
+        verify_unit_result(package, "snapshot/seal.json", outcome.sha256)
+    with pytest.raises(PackageUnreadable, match="not in the work directory"):
+        verify_unit_result(package, "work/../snapshot/seal.json", outcome.sha256)
+    outcome.path.write_bytes(outcome.path.read_bytes() + b" ")
+    with pytest.raises(PackageUnreadable, match="does not match"):
+        verify_unit_result(package, outcome.relative_path, outcome.sha256)
+    outcome.path.unlink()
+    with pytest.raises(PackageUnreadable, match="missing"):
+        verify_unit_result(package, outcome.relative_path, outcome.sha256)

@@ -8,6 +8,7 @@ worker commits units around `run_unit` in its own short transactions.
 - `run_unit`: one unit's serial model request(s), checked items, ``work/<unit id>.json`` and its sha256.
 - `aggregate`: every unit's items kept as details, condensed in shrinking layers into a bounded brief,
   and ``handoff/ready.json`` naming every file's hash.
+- `verify_unit_result`: a completed unit's result checked against its committed sha256 before reuse.
 - `verify_handoff`: the handoff checked against ready.json before it is published or read.
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 from continuum_merge.extraction.aggregate import HandoffReady, aggregate, verify_handoff
 from continuum_merge.extraction.errors import AnswerInvalid, ExtractionError, HandoffDamaged, PackageUnreadable
 from continuum_merge.extraction.plan import UnitBudget, UnitSpec, plan_units, scan_unit
-from continuum_merge.extraction.unit import CallRecord, UnitOutcome, run_unit
+from continuum_merge.extraction.unit import CallRecord, UnitOutcome, run_unit, verify_unit_result
 
 __all__ = [
     "AnswerInvalid",
@@ -33,4 +34,5 @@ __all__ = [
     "run_unit",
     "scan_unit",
     "verify_handoff",
+    "verify_unit_result",
 ]

@@ -20,6 +20,7 @@ entries to the details) instead of summarising the same content again.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from continuum_merge.extraction.errors import AnswerInvalid, HandoffDamaged, PackageUnreadable
+from continuum_merge.extraction.errors import HandoffDamaged, PackageUnreadable
 from continuum_merge.extraction.package import (
     HANDOFF_DIR,
     SNAPSHOT_DIR,
@@ -43,8 +44,8 @@ from continuum_merge.extraction.package import (
 )
 from continuum_merge.extraction.plan import UnitBudget
 from continuum_merge.extraction.prompts import condense_request
-from continuum_merge.extraction.schema import SCHEMA_VERSION, SECTIONS, STATUSES, AnswerProblem, parse_answer
-from continuum_merge.extraction.unit import RESULT_KIND, item_id
+from continuum_merge.extraction.schema import SCHEMA_VERSION, SECTIONS, STATUSES
+from continuum_merge.extraction.unit import RESULT_KIND, ask_items, item_id
 from continuum_runtime.provider import ModelProvider
 from continuum_runtime.provider.tokens import estimate_tokens
 
@@ -90,25 +91,22 @@ async def aggregate(
     """Build ``handoff/`` from `unit_results` (the units' ``work/`` files, in plan order).
 
     Each result is checked (kind, snapshot, schema) before it is copied. Condensing requests get one
-    repair each; a second invalid answer raises AnswerInvalid. Provider failures propagate.
+    repair each; a second invalid answer raises AnswerInvalid. Provider failures propagate. File work
+    runs in threads; `verify_handoff` does not (call it in one).
     """
     budget = budget or UnitBudget()
-    snapshot_hash = snapshot_identity(package_dir)
+    snapshot_hash, processor_version, counts = await asyncio.to_thread(_prepare, package_dir, unit_results)
     staging = package_dir / _STAGING
-    shutil.rmtree(staging, ignore_errors=True)
-    (staging / "details").mkdir(parents=True)
-    (staging / "text").mkdir()
-    (staging / "layers").mkdir()
-    processor_version, counts = _write_details(package_dir, staging, unit_results, snapshot_hash)
     layer: Path | None = None
     layer_tokens = counts.excerpt_tokens
     layer_count = 0
     not_expanded = 0
     navigation = False
     while layer_tokens > brief_tokens:
-        below = _layer_entries(staging, layer)
         target = staging / "layers" / f"{layer_count + 1}.jsonl"
-        tokens, dropped = await _condense(below, target, provider, budget, f"{snapshot_hash}:L{layer_count + 1}")
+        tokens, dropped = await _condense(
+            _layer_entries(staging, layer), target, provider, budget, package_dir, f"{snapshot_hash}:L{layer_count + 1}"
+        )
         if tokens >= layer_tokens:
             target.unlink()
             navigation = True
@@ -117,26 +115,18 @@ async def aggregate(
         not_expanded += dropped
     if navigation:
         brief = _navigation(counts, snapshot_hash)
-        not_expanded = counts.items
     else:
-        brief_items = [
-            {key: entry[key] for key in ("itemId", "section", "status", "content", "evidence")}
-            for entry in _layer_entries(staging, layer)
-        ]
         brief = {
             "schemaVersion": SCHEMA_VERSION,
             "snapshotHash": snapshot_hash,
             "navigation": False,
             "layer": layer_count,
-            "items": brief_items,
+            "items": [
+                {key: entry[key] for key in ("itemId", "section", "status", "content", "evidence")}
+                for entry in _layer_entries(staging, layer)
+            ],
             "notExpanded": not_expanded,
         }
-    overview = _overview(counts, package_dir, snapshot_hash)
-    _write_json(staging / "overview.json", overview)
-    _write_json(staging / "brief.json", brief)
-    (staging / "handoff.md").write_text(_markdown(overview, brief), encoding="utf-8")
-    files = ["details.jsonl", "overview.json", "brief.json", "handoff.md"]
-    files += [f"layers/{number}.jsonl" for number in range(1, layer_count + 1)]
     ready = {
         "schemaVersion": SCHEMA_VERSION,
         "snapshotHash": snapshot_hash,
@@ -146,10 +136,33 @@ async def aggregate(
         "items": counts.items,
         "briefItems": len(brief["items"]),
         "layers": layer_count,
-        "notExpanded": not_expanded,
+        "notExpanded": brief["notExpanded"],
         "navigation": navigation,
-        "files": [{"path": name, "sha256": file_sha256(staging / name)} for name in files],
     }
+    return await asyncio.to_thread(_finish, package_dir, counts, brief, ready)
+
+
+def _prepare(package_dir: Path, unit_results: Sequence[Path]) -> tuple[str, str, _Counts]:
+    """A fresh staging directory with the details written; the snapshot identity and processor version."""
+    snapshot_hash = snapshot_identity(package_dir)
+    staging = package_dir / _STAGING
+    shutil.rmtree(staging, ignore_errors=True)
+    for name in ("details", "text", "layers"):
+        (staging / name).mkdir(parents=True)
+    processor_version, counts = _write_details(package_dir, staging, unit_results, snapshot_hash)
+    return snapshot_hash, processor_version, counts
+
+
+def _finish(package_dir: Path, counts: _Counts, brief: dict[str, Any], ready: dict[str, Any]) -> HandoffReady:
+    """Write the entry files and ready.json, sync everything and rename the staging into ``handoff/``."""
+    staging = package_dir / _STAGING
+    overview = _overview(counts, package_dir, ready["snapshotHash"])
+    _write_json(staging / "overview.json", overview)
+    _write_json(staging / "brief.json", brief)
+    (staging / "handoff.md").write_text(_markdown(overview, brief), encoding="utf-8")
+    files = ["details.jsonl", "overview.json", "brief.json", "handoff.md"]
+    files += [f"layers/{number}.jsonl" for number in range(1, ready["layers"] + 1)]
+    ready = ready | {"files": [{"path": name, "sha256": file_sha256(staging / name)} for name in files]}
     ready_hash = write_atomic(staging / "ready.json", json.dumps(ready, sort_keys=True).encode())
     _sync_tree(staging)
     final = package_dir / HANDOFF_DIR
@@ -302,7 +315,12 @@ def _layer_entries(staging: Path, layer: Path | None) -> Iterator[dict[str, Any]
 
 
 async def _condense(
-    below: Iterator[dict[str, Any]], target: Path, provider: ModelProvider, budget: UnitBudget, layer_key: str
+    below: Iterator[dict[str, Any]],
+    target: Path,
+    provider: ModelProvider,
+    budget: UnitBudget,
+    package_dir: Path,
+    layer_key: str,
 ) -> tuple[int, int]:
     """Condense `below` in budgeted packs into `target`; returns its estimated tokens and the detail items
     left uncited (not expanded) by this layer.
@@ -311,7 +329,7 @@ async def _condense(
     dropped = 0
     with target.open("wb") as out:
         for number, pack in enumerate(_packs(below, budget)):
-            items, uncovered = await _condense_pack(pack, provider, budget, f"{layer_key}:{number}")
+            items, uncovered = await _condense_pack(pack, provider, budget, package_dir, f"{layer_key}:{number}")
             for item in items:
                 out.write(json.dumps(item, ensure_ascii=False, sort_keys=True).encode() + b"\n")
                 tokens += _entry_tokens(item["content"])
@@ -335,42 +353,66 @@ def _packs(entries: Iterator[dict[str, Any]], budget: UnitBudget) -> Iterator[li
 
 
 async def _condense_pack(
-    pack: list[dict[str, Any]], provider: ModelProvider, budget: UnitBudget, key: str
+    pack: list[dict[str, Any]], provider: ModelProvider, budget: UnitBudget, package_dir: Path, key: str
 ) -> tuple[list[dict[str, Any]], int]:
-    """One condensing request (and at most one repair) over `pack`; the new items and uncited coverage."""
+    """One condensing request (and at most one repair) over `pack`; the new items and uncited coverage.
+
+    The outcome is kept in ``work/condense/<hash of key and inputs>.json``, so aggregating again after a
+    crash, or with another model, asks only for the packs not answered yet.
+    """
     aliases = {f"a{number}": entry for number, entry in enumerate(pack, start=1)}
     inputs = [
         {"alias": alias, "section": e["section"], "status": e["status"], "content": _excerpt(e["content"])}
         for alias, e in aliases.items()
     ]
-    rejected: str | None = None
-    for _ in range(2):
-        completion = await provider.complete(
-            condense_request(inputs, rejected=rejected), max_output_tokens=budget.output_tokens
+    identity = json.dumps([key, inputs, [e["itemId"] for e in pack]], ensure_ascii=False, sort_keys=True)
+    saved = package_dir / WORK_DIR / "condense" / f"{hashlib.sha256(identity.encode()).hexdigest()}.json"
+    reused = _saved_pack(saved)
+    if reused is not None:
+        return reused
+    answer, _, _ = await ask_items(
+        provider,
+        lambda rejected: condense_request(inputs, rejected=rejected),
+        aliases,
+        max_output_tokens=budget.output_tokens,
+        subject=key,
+    )
+    cited: set[str] = set()
+    items = []
+    for index, item in enumerate(answer):
+        fresh = [alias for alias in item.evidence if alias not in cited]
+        cited.update(item.evidence)
+        items.append(
+            {
+                "itemId": item_id(key, index),
+                "section": item.section,
+                "status": item.status,
+                "content": item.content,
+                "evidence": [aliases[alias]["itemId"] for alias in item.evidence],
+                "covers": sum(int(aliases[alias]["covers"]) for alias in fresh),
+            }
         )
-        try:
-            answer = parse_answer(completion.text, aliases)
-        except AnswerProblem as problem:
-            rejected = str(problem)
-            continue
-        cited: set[str] = set()
-        items = []
-        for index, item in enumerate(answer):
-            fresh = [alias for alias in item.evidence if alias not in cited]
-            cited.update(item.evidence)
-            items.append(
-                {
-                    "itemId": item_id(key, index),
-                    "section": item.section,
-                    "status": item.status,
-                    "content": item.content,
-                    "evidence": [aliases[alias]["itemId"] for alias in item.evidence],
-                    "covers": sum(int(aliases[alias]["covers"]) for alias in fresh),
-                }
-            )
-        uncovered = sum(int(entry["covers"]) for alias, entry in aliases.items() if alias not in cited)
-        return items, uncovered
-    raise AnswerInvalid(f"condensing {key}: answer still invalid after one repair: {rejected}", unit_id=key)
+    uncovered = sum(int(entry["covers"]) for alias, entry in aliases.items() if alias not in cited)
+    await asyncio.to_thread(
+        write_atomic, saved, json.dumps({"items": items, "uncovered": uncovered}, ensure_ascii=False).encode()
+    )
+    return items, uncovered
+
+
+def _saved_pack(path: Path) -> tuple[list[dict[str, Any]], int] | None:
+    """A pack's saved outcome, or None when there is none (or it is unreadable: then it is asked again)."""
+    try:
+        saved = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(saved, dict) or not isinstance(saved.get("uncovered"), int):
+        return None
+    items = saved.get("items")
+    if not isinstance(items, list) or not all(
+        isinstance(item, dict) and item.get("section") in SECTIONS and item.get("status") in STATUSES for item in items
+    ):
+        return None
+    return items, saved["uncovered"]
 
 
 def _navigation(counts: _Counts, snapshot_hash: str) -> dict[str, Any]:

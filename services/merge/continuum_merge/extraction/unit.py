@@ -7,22 +7,32 @@ commit path and hash; a crash before that commit leaves at most a result the nex
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-from continuum_merge.extraction.errors import AnswerInvalid
-from continuum_merge.extraction.package import WORK_DIR, read_text_part, write_atomic
+from continuum_merge.extraction.errors import AnswerInvalid, PackageUnreadable
+from continuum_merge.extraction.package import WORK_DIR, file_sha256, read_text_part, write_atomic
 from continuum_merge.extraction.plan import PartSpec, UnitBudget, UnitSpec, scan_unit
 from continuum_merge.extraction.prompts import extract_request
 from continuum_merge.extraction.schema import SCHEMA_VERSION, AnswerItem, AnswerProblem, parse_answer
-from continuum_runtime.provider import Completion, ModelProvider, Usage
+from continuum_runtime.provider import ChatMessage, Completion, ModelProvider, Usage, estimate_message_tokens
 
-__all__ = ["RESULT_KIND", "CallRecord", "UnitOutcome", "item_id", "run_unit", "sum_usage"]
+__all__ = [
+    "RESULT_KIND",
+    "CallRecord",
+    "UnitOutcome",
+    "ask_items",
+    "item_id",
+    "run_unit",
+    "sum_usage",
+    "verify_unit_result",
+]
 
 logger = logging.getLogger("continuum.merge.extraction")
 
@@ -63,33 +73,81 @@ async def run_unit(
     model: str,
     budget: UnitBudget | None = None,
 ) -> UnitOutcome:
-    """Extract `spec`'s parts with `provider` and write ``work/<unit id>.json``.
+    """Extract `spec`'s parts with `provider` and write ``work/<unit id>.json`` (file work in a thread).
 
     `model` is the model the operation asked for (recorded beside the one that answered). An answer
     that fails the checks gets one repair request naming the problem; a second failure raises
     AnswerInvalid. Provider failures propagate as `ProviderError`; a damaged snapshot as PackageUnreadable.
     """
     budget = budget or UnitBudget()
-    context, own = scan_unit(package_dir, spec)
-    inputs, by_alias = _inputs(package_dir, context, own)
+    context, own = await asyncio.to_thread(scan_unit, package_dir, spec)
+    inputs, by_alias = await asyncio.to_thread(_inputs, package_dir, context, own)
+    items, completion, calls = await ask_items(
+        provider,
+        lambda rejected: extract_request(inputs, rejected=rejected),
+        by_alias,
+        max_output_tokens=budget.output_tokens,
+        subject=spec.unit_id,
+    )
+    return await asyncio.to_thread(_write, spec, package_dir, model, completion, items, by_alias, calls)
+
+
+async def ask_items(
+    provider: ModelProvider,
+    request: Callable[[str | None], list[ChatMessage]],
+    aliases: Collection[str],
+    *,
+    max_output_tokens: int,
+    subject: str,
+) -> tuple[list[AnswerItem], Completion, tuple[CallRecord, ...]]:
+    """Send `request(None)`; when the answer fails the checks, send `request(problem)` once more.
+
+    Returns the checked items, the accepted completion and every call made. Raises AnswerInvalid
+    (naming `subject`, a unit or condensing pack) when the repaired answer fails too.
+    Logs ids, figures and reasons only: never the request or the answer.
+    """
     calls: list[CallRecord] = []
     rejected: str | None = None
-    for _ in range(2):
-        completion = await provider.complete(
-            extract_request(inputs, rejected=rejected), max_output_tokens=budget.output_tokens
-        )
+    for attempt in (1, 2):
+        messages = request(rejected)
+        completion = await provider.complete(messages, max_output_tokens=max_output_tokens)
         calls.append(CallRecord(completion.model, completion.usage, completion.finish_reason))
+        figures = {
+            "subject": subject,
+            "attempt": attempt,
+            "model": completion.model,
+            "estimated_input_tokens": sum(estimate_message_tokens(m.role, m.content) for m in messages),
+            "max_output_tokens": max_output_tokens,
+            "finish_reason": completion.finish_reason,
+            "usage_reported": completion.usage.reported,
+        }
         try:
-            items = parse_answer(completion.text, by_alias)
+            items = parse_answer(completion.text, aliases)
         except AnswerProblem as problem:
             rejected = str(problem)
-            logger.warning(
-                "extraction answer rejected",
-                extra={"unit_id": spec.unit_id, "model": completion.model, "problem": rejected},
-            )
+            logger.warning("structured answer rejected", extra=figures | {"problem": rejected})
             continue
-        return _write(spec, package_dir, model, completion, items, by_alias, tuple(calls))
-    raise AnswerInvalid(f"unit {spec.unit_id}: answer still invalid after one repair: {rejected}", unit_id=spec.unit_id)
+        logger.info("structured answer accepted", extra=figures | {"items": len(items)})
+        return items, completion, tuple(calls)
+    raise AnswerInvalid(f"{subject}: answer still invalid after one repair: {rejected}", unit_id=subject)
+
+
+def verify_unit_result(package_dir: Path, relative_path: str, sha256: str) -> Path:
+    """The committed result at `relative_path` (as the unit row stores it) after checking its sha256.
+
+    A completed unit is reused only through this; PackageUnreadable when it is missing or changed.
+    """
+    name = PurePosixPath(relative_path)
+    if name.parent != PurePosixPath(WORK_DIR) or not name.name.endswith(".json"):
+        raise PackageUnreadable(f"unit result path {relative_path!r} is not in the work directory")
+    path = package_dir / WORK_DIR / name.name
+    try:
+        matches = not path.is_symlink() and file_sha256(path) == sha256
+    except OSError as exc:
+        raise PackageUnreadable(f"unit result {name.name} is missing ({type(exc).__name__})") from exc
+    if not matches:
+        raise PackageUnreadable(f"unit result {name.name} does not match its committed sha256")
+    return path
 
 
 def item_id(unit_id: str, index: int) -> str:
