@@ -9,20 +9,23 @@ from typing import Any
 
 import pytest
 from extraction_testing import SnapshotBuilder
-from model_server_testing import MODEL, FakeModelServer, completion
+from model_server_testing import MODEL, FakeModelServer, completion, json_reply
 
 from continuum_merge.extraction import (
     AnswerInvalid,
     UnitBudget,
     UnitSpec,
+    UnitTooLarge,
     aggregate,
     plan_units,
     run_unit,
+    split_unit,
     verify_handoff,
 )
 from continuum_runtime.provider import (
     ITEMS_PROTOCOL,
     OpenAICompatibleProvider,
+    ProviderInputTooLarge,
     ProviderOutputTruncated,
     ProviderSettings,
     Usage,
@@ -138,6 +141,33 @@ async def test_a_truncated_answer_is_never_a_result(
     with pytest.raises(ProviderOutputTruncated):
         await run_unit(unit, package, provider, model=MODEL)
     assert not (package / "work").exists()
+
+
+async def test_a_refused_or_oversized_request_splits_the_unit_into_halves_that_complete(
+    tmp_path: Path, server: FakeModelServer, provider: OpenAICompatibleProvider
+) -> None:
+    package, unit = one_unit(tmp_path)
+    server.script(json_reply({"error": {"code": "context_length_exceeded", "message": "too long"}}, status=400))
+    with pytest.raises(ProviderInputTooLarge):
+        await run_unit(unit, package, provider, model=MODEL)
+    halves = split_unit(package, unit)
+    assert halves is not None
+    first, second = halves
+    # An answer over the response guard is never used, however valid.
+    server.script(completion(answer(dict(RENAMED, content="x" * 400))))
+    with pytest.raises(UnitTooLarge, match="answer of"):
+        await run_unit(first, package, provider, model=MODEL, budget=UnitBudget(response_bytes=300))
+    # A request over the request guard is not sent at all.
+    sent = len(server.requests)
+    with pytest.raises(UnitTooLarge, match="request of"):
+        await run_unit(first, package, provider, model=MODEL, budget=UnitBudget(request_bytes=100))
+    assert len(server.requests) == sent
+    assert not (package / "work").exists()
+    server.script(completion(answer(dict(RENAMED, evidence=["i1"]))), completion(answer(dict(OPEN, evidence=["i2"]))))
+    outcomes = [await run_unit(half, package, provider, model=MODEL) for half in (first, second)]
+    assert [outcome.relative_path for outcome in outcomes] == [f"work/{unit.unit_id}.{n}.json" for n in (0, 1)]
+    second_result = json.loads(outcomes[1].path.read_bytes())
+    assert [e["sessionId"] for e in second_result["items"][0]["evidence"]] == ["session-b"]
 
 
 async def test_aggregation_condenses_through_the_http_client(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from extraction_testing import SnapshotBuilder
 
-from continuum_merge.extraction import PackageUnreadable, UnitBudget, plan_units, scan_unit
+from continuum_merge.extraction import PackageUnreadable, UnitBudget, plan_units, scan_unit, split_unit
 from continuum_merge.extraction.plan import PartSpec, UnitSpec
 
 # 384 estimated tokens of material per unit; each part costs its bytes / 4 plus 32.
@@ -118,9 +118,32 @@ def test_a_part_naming_a_record_out_of_order_is_a_damaged_manifest(tmp_path: Pat
         plan_units(package, processor_version="p1", budget=SMALL)
 
 
+def test_a_split_unit_is_covered_by_two_deterministic_halves_down_to_single_parts(tmp_path: Path) -> None:
+    package = history(tmp_path).seal()
+    units = plan_units(package, processor_version="p1", budget=SMALL)
+    parent = next(unit for unit in units if unit.context_count and unit.part_count >= 2)
+    _, own = scan_unit(package, parent)
+    halves = split_unit(package, parent)
+    assert halves is not None
+    first, second = halves
+    assert (first.unit_id, second.unit_id) == (f"{parent.unit_id}.0", f"{parent.unit_id}.1")
+    assert first.ordinal == second.ordinal == parent.ordinal
+    assert first.context_count == second.context_count == 0
+    assert [*scan_unit(package, first)[1], *scan_unit(package, second)[1]] == own
+    assert split_unit(package, parent) == halves
+    leaves = [first, second]
+    while any(unit.part_count > 1 for unit in leaves):
+        leaves = [child for unit in leaves for child in (split_unit(package, unit) or (unit,))]
+    assert [scan_unit(package, unit)[1][0] for unit in leaves] == own
+    assert split_unit(package, leaves[0]) is None
+    assert sorted(unit.unit_id for unit in leaves) == [unit.unit_id for unit in leaves]
+
+
 def test_budgets_that_leave_no_room_for_material_are_refused() -> None:
     with pytest.raises(ValueError, match="less than 256"):
         UnitBudget(request_tokens=4_096, output_tokens=2_048, safety_tokens=1_024, instruction_tokens=1_024)
+    with pytest.raises(ValueError, match="byte guards"):
+        UnitBudget(response_bytes=0)
 
 
 def _text(package: Path, row: dict[str, object]) -> str:

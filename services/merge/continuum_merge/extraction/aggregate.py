@@ -374,7 +374,7 @@ async def _condense_pack(
         provider,
         lambda rejected: condense_request(inputs, rejected=rejected),
         aliases,
-        max_output_tokens=budget.output_tokens,
+        budget=budget,
         subject=key,
     )
     cited: set[str] = set()

@@ -25,7 +25,7 @@ from continuum_merge.extraction.errors import PackageUnreadable
 from continuum_merge.extraction.package import RecordRow, iter_files, iter_records, snapshot_identity
 from continuum_runtime.provider.tokens import estimate_tokens_of_bytes
 
-__all__ = ["EXTRACT_POLICY", "PartSpec", "UnitBudget", "UnitSpec", "plan_units", "scan_unit"]
+__all__ = ["EXTRACT_POLICY", "PartSpec", "UnitBudget", "UnitSpec", "plan_units", "scan_unit", "split_unit"]
 
 # The records.jsonl processing policy of material sent to a model (others are archived only).
 EXTRACT_POLICY = "extract"
@@ -52,12 +52,17 @@ class UnitBudget:
     overlap_tokens: int = 512
     # Parts per unit, however small: keeps the alias list and the stored input bounded.
     max_parts: int = 200
+    # Byte guards (bytes, not tokens): a request or a visible answer over them is split, never sent or used.
+    request_bytes: int = 1024 * 1024
+    response_bytes: int = 256 * 1024
 
     def __post_init__(self) -> None:
         if self.material_tokens < MIN_MATERIAL_TOKENS:
             raise ValueError(f"the budget leaves less than {MIN_MATERIAL_TOKENS} estimated tokens for material")
         if self.max_parts < 1 or self.overlap_tokens < 0 or self.part_overhead_tokens < 0:
             raise ValueError("max_parts must be positive and overheads non-negative")
+        if self.request_bytes < 1 or self.response_bytes < 1:
+            raise ValueError("the byte guards must be positive")
 
     @property
     def material_tokens(self) -> int:
@@ -164,15 +169,39 @@ def scan_unit(package_dir: Path, spec: UnitSpec) -> tuple[list[PartSpec], list[P
 
     Raises PackageUnreadable when they are not the ones planned (the manifests changed under the plan).
     """
+    parts = [located.part for located in _scan(package_dir, spec)]
+    return parts[: spec.context_count], parts[spec.context_count :]
+
+
+def split_unit(package_dir: Path, spec: UnitSpec) -> tuple[UnitSpec, UnitSpec] | None:
+    """Two children that cover `spec`'s own parts, first half and second half, without context;
+    None when the unit has a single part (there is nothing left to split: the caller pauses).
+
+    For a unit whose request or answer did not fit. The children's ids extend the parent's (``.0``,
+    ``.1``), so they are as deterministic as the plan and sort in order under the parent's ordinal.
+    """
+    own = _scan(package_dir, spec)[spec.context_count :]
+    if len(own) < 2:
+        return None
+    half = len(own) // 2
+    first, second = (
+        _unit(spec.ordinal, spec.snapshot_hash, spec.processor_version, [], parts, unit_id=f"{spec.unit_id}.{index}")
+        for index, parts in enumerate((own[:half], own[half:]))
+    )
+    return first, second
+
+
+def _scan(package_dir: Path, spec: UnitSpec) -> list[_Located]:
+    """The located parts of `spec` (context first), checked against its input hash."""
     wanted = spec.context_count + spec.part_count
-    parts: list[PartSpec] = []
+    parts: list[_Located] = []
     for located in _extractable(package_dir, spec.files_offset, spec.records_offset):
-        parts.append(located.part)
+        parts.append(located)
         if len(parts) == wanted:
             break
-    if len(parts) != wanted or _input_hash(parts) != spec.input_hash:
+    if len(parts) != wanted or _input_hash([located.part for located in parts]) != spec.input_hash:
         raise PackageUnreadable(f"unit {spec.unit_id} no longer matches the snapshot's manifests")
-    return parts[: spec.context_count], parts[spec.context_count :]
+    return parts
 
 
 def _extractable(package_dir: Path, files_start: int = 0, records_start: int = 0) -> Iterator[_Located]:
@@ -248,13 +277,20 @@ def _tokens(parts: list[_Located], budget: UnitBudget) -> int:
 
 
 def _unit(
-    ordinal: int, snapshot_hash: str, processor_version: str, context: list[_Located], own: list[_Located]
+    ordinal: int,
+    snapshot_hash: str,
+    processor_version: str,
+    context: list[_Located],
+    own: list[_Located],
+    *,
+    unit_id: str | None = None,
 ) -> UnitSpec:
+    """The spec of a unit over `context` and `own`; its id is derived from them unless given (split)."""
     first = context[0] if context else own[0]
     input_hash = _input_hash([located.part for located in [*context, *own]])
     identity = json.dumps([snapshot_hash, STAGE, processor_version, input_hash, len(context)], separators=(",", ":"))
     return UnitSpec(
-        unit_id="x_" + hashlib.sha256(identity.encode()).hexdigest(),
+        unit_id=unit_id or "x_" + hashlib.sha256(identity.encode()).hexdigest(),
         stage=STAGE,
         ordinal=ordinal,
         snapshot_hash=snapshot_hash,

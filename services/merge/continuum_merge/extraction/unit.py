@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from continuum_merge.extraction.errors import AnswerInvalid, PackageUnreadable
+from continuum_merge.extraction.errors import AnswerInvalid, PackageUnreadable, UnitTooLarge
 from continuum_merge.extraction.package import WORK_DIR, file_sha256, read_text_part, write_atomic
 from continuum_merge.extraction.plan import PartSpec, UnitBudget, UnitSpec, scan_unit
 from continuum_merge.extraction.prompts import extract_request
@@ -77,7 +77,9 @@ async def run_unit(
 
     `model` is the model the operation asked for (recorded beside the one that answered). An answer
     that fails the checks gets one repair request naming the problem; a second failure raises
-    AnswerInvalid. Provider failures propagate as `ProviderError`; a damaged snapshot as PackageUnreadable.
+    AnswerInvalid. UnitTooLarge (byte guards), `ProviderInputTooLarge` and `ProviderOutputTruncated` mean
+    the unit must be split (`split_unit`); other `ProviderError`s propagate as they are; a damaged
+    snapshot raises PackageUnreadable. Nothing is written unless the answer is accepted.
     """
     budget = budget or UnitBudget()
     context, own = await asyncio.to_thread(scan_unit, package_dir, spec)
@@ -86,7 +88,7 @@ async def run_unit(
         provider,
         lambda rejected: extract_request(inputs, rejected=rejected),
         by_alias,
-        max_output_tokens=budget.output_tokens,
+        budget=budget,
         subject=spec.unit_id,
     )
     return await asyncio.to_thread(_write, spec, package_dir, model, completion, items, by_alias, calls)
@@ -97,30 +99,45 @@ async def ask_items(
     request: Callable[[str | None], list[ChatMessage]],
     aliases: Collection[str],
     *,
-    max_output_tokens: int,
+    budget: UnitBudget,
     subject: str,
 ) -> tuple[list[AnswerItem], Completion, tuple[CallRecord, ...]]:
     """Send `request(None)`; when the answer fails the checks, send `request(problem)` once more.
 
     Returns the checked items, the accepted completion and every call made. Raises AnswerInvalid
-    (naming `subject`, a unit or condensing pack) when the repaired answer fails too.
-    Logs ids, figures and reasons only: never the request or the answer.
+    (naming `subject`, a unit or condensing pack) when the repaired answer fails too, and UnitTooLarge
+    when a request or an answer is over the budget's byte guards. Logs ids, figures and reasons only:
+    never the request or the answer.
     """
     calls: list[CallRecord] = []
     rejected: str | None = None
     for attempt in (1, 2):
         messages = request(rejected)
-        completion = await provider.complete(messages, max_output_tokens=max_output_tokens)
+        request_bytes = sum(len(message.content.encode()) for message in messages)
+        if request_bytes > budget.request_bytes:
+            raise UnitTooLarge(
+                f"{subject}: request of {request_bytes} bytes is over the {budget.request_bytes}-byte guard",
+                unit_id=subject,
+            )
+        completion = await provider.complete(messages, max_output_tokens=budget.output_tokens)
         calls.append(CallRecord(completion.model, completion.usage, completion.finish_reason))
         figures = {
             "subject": subject,
             "attempt": attempt,
             "model": completion.model,
+            "request_bytes": request_bytes,
             "estimated_input_tokens": sum(estimate_message_tokens(m.role, m.content) for m in messages),
-            "max_output_tokens": max_output_tokens,
+            "max_output_tokens": budget.output_tokens,
             "finish_reason": completion.finish_reason,
             "usage_reported": completion.usage.reported,
         }
+        response_bytes = len(completion.text.encode())
+        if response_bytes > budget.response_bytes:
+            logger.warning("structured answer over the byte guard", extra=figures)
+            raise UnitTooLarge(
+                f"{subject}: answer of {response_bytes} bytes is over the {budget.response_bytes}-byte guard",
+                unit_id=subject,
+            )
         try:
             items = parse_answer(completion.text, aliases)
         except AnswerProblem as problem:
