@@ -99,6 +99,45 @@ async def test_a_valid_answer_becomes_the_unit_result_with_reported_usage(
     assert body["max_tokens"] == UnitBudget().output_tokens
 
 
+def recorded_failure_answer() -> str:
+    """SYNTHETIC rebuild of the recorded failure (seed 000 §2.1): a complete, valid Chinese answer of
+    exactly 4,183 bytes, which the old rules refused because the provider reported 13,370 output tokens.
+    """
+    items = [
+        {
+            "section": "changes",
+            "status": "completed",
+            "content": "来源 A 已将用户接口返回字段 name 改名为 displayName。并记录了验证命令。" * 8,
+            "evidence": ["i1", "i2"],
+        },
+        {
+            "section": "conflicts_todos",
+            "status": "pending",
+            "content": "来源 B 的前端仍读取 name。联调事项尚未完成。需要复测。" * 8,
+            "evidence": ["i3"],
+        },
+    ]
+    text = answer(*items)
+    # Pad the last item's content with ASCII so the whole answer is exactly 4,183 bytes.
+    items[1]["content"] = str(items[1]["content"]) + "." * (4_183 - len(text.encode()))
+    text = answer(*items)
+    assert len(text.encode()) == 4_183
+    return text
+
+
+@pytest.mark.parametrize("usage", [{"prompt_tokens": 3_000, "completion_tokens": 13_370}, None])
+async def test_the_recorded_failure_synthetic_a_long_valid_answer_is_kept_with_or_without_usage(
+    tmp_path: Path, server: FakeModelServer, provider: OpenAICompatibleProvider, usage: dict[str, int] | None
+) -> None:
+    package, unit = one_unit(tmp_path)
+    server.script(completion(recorded_failure_answer(), usage=usage))
+    outcome = await run_unit(unit, package, provider, model=MODEL)
+    assert outcome.item_count == 2
+    # Reported usage (reasoning included) is recorded as reported and never read as visible output size.
+    assert outcome.usage == (Usage(prompt_tokens=3_000, completion_tokens=13_370) if usage else None)
+    assert outcome.calls[0].usage.reported is (usage is not None)
+
+
 async def test_bad_json_gets_one_repair_request_naming_the_problem(
     tmp_path: Path, server: FakeModelServer, provider: OpenAICompatibleProvider
 ) -> None:
