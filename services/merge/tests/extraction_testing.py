@@ -1,8 +1,10 @@
 """A small builder of sealed snapshot packages in the documented layout (importable as `extraction_testing`).
 
-It writes what the snapshot stage seals (issue 9 "Snapshot package"): records.jsonl, files.jsonl with
-text parts of at most 32 KiB of UTF-8 cut on code point boundaries, raw/ originals, the other manifests
-and seal.json, so extraction can be tested against packages without running the snapshot stage.
+It writes what the snapshot stage seals (issue 9 "Snapshot package", as continuum_merge.snapshot writes
+it): per record its raw file row, its text parts of at most 32 KiB of UTF-8 cut on code point boundaries
+and its asset rows in files.jsonl, then its records.jsonl line (roles in transcript's upper case);
+manifest.json with every stream's hash, and seal.json naming the manifest's sha256. So extraction is
+tested against packages without running the snapshot stage.
 """
 
 from __future__ import annotations
@@ -39,13 +41,24 @@ class SnapshotBuilder:
             {
                 "recordRef": record_ref,
                 "origin": {"sessionId": session_id, "recordId": record_id, "version": version, "kind": "message"},
-                "role": role,
+                "role": role.upper(),
                 "createdAt": f"2026-11-30T12:00:{record_id % 60:02d}Z",
                 "rawRef": f"raw/{record_ref}.json",
                 "processingPolicy": policy,
             }
         )
         self._raws[record_ref] = raw
+        self._files.append(
+            {
+                "ref": f"r_{record_ref}",
+                "recordRef": record_ref,
+                "part": None,
+                "path": f"raw/{record_ref}.json",
+                "bytes": len(raw),
+                "sha256": hashlib.sha256(raw).hexdigest(),
+                "kind": "raw",
+            }
+        )
         for part, chunk in enumerate(split_utf8(text, self.part_bytes)):
             path = f"text/{record_ref}-{part}.txt"
             self._texts[path] = chunk
@@ -62,15 +75,15 @@ class SnapshotBuilder:
             )
         return record_ref
 
-    def add_asset(self, record_ref: str, name: str, data: bytes) -> None:
-        """Add an attachment original belonging to `record_ref` (kind asset: not sent to a model)."""
-        path = f"assets/{name}"
+    def add_asset(self, record_ref: str, data: bytes) -> None:
+        """Add an attachment original of the record just added (kind asset: not sent to a model)."""
+        path = f"assets/{_sha(data)}"
         self._texts[path] = data
         self._files.append(
             {
-                "ref": f"a_{hashlib.sha256(data).hexdigest()}",
+                "ref": f"a_{_sha(data)}",
                 "recordRef": record_ref,
-                "part": 0,
+                "part": None,
                 "path": path,
                 "bytes": len(data),
                 "sha256": hashlib.sha256(data).hexdigest(),
@@ -100,7 +113,7 @@ class SnapshotBuilder:
         }
         manifest_bytes = json.dumps(manifest, sort_keys=True).encode()
         (snapshot / "manifest.json").write_bytes(manifest_bytes)
-        seal = {"version": 1, "manifestHash": hashlib.sha256(manifest_bytes).hexdigest()}
+        seal = {"format": "continuum-merge-snapshot/v1", "version": 1, "manifestHash": _sha(manifest_bytes)}
         (snapshot / "seal.json").write_bytes(json.dumps(seal, sort_keys=True).encode())
         return self.package_dir
 
@@ -117,6 +130,10 @@ def split_utf8(text: str, limit: int) -> list[bytes]:
         parts.append(data[start:end])
         start = end
     return parts or [b""]
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _jsonl(rows: list[dict[str, Any]]) -> bytes:

@@ -138,9 +138,15 @@ async def test_verify_refuses_a_changed_missing_or_foreign_handoff(tmp_path: Pat
         (handoff / relative).write_bytes(original)
     ready = verify_handoff(package)
     assert isinstance(ready, HandoffReady)
+    # Another sealed snapshot in its place (manifest and seal agree) is not the one the handoff names.
+    manifest = package / "snapshot" / "manifest.json"
+    manifest.write_bytes(manifest.read_bytes() + b"\n")
     seal = package / "snapshot" / "seal.json"
-    seal.write_bytes(seal.read_bytes() + b"\n")
-    with pytest.raises(HandoffDamaged, match="sealed snapshot"):
+    seal.write_text(json.dumps({"manifestHash": hashlib.sha256(manifest.read_bytes()).hexdigest()}))
+    with pytest.raises(HandoffDamaged, match="does not name this package's sealed snapshot"):
+        verify_handoff(package)
+    seal.write_text("{}")
+    with pytest.raises(HandoffDamaged, match="unreadable"):
         verify_handoff(package)
     (handoff / "ready.json").unlink()
     with pytest.raises(HandoffDamaged, match="missing"):

@@ -35,7 +35,7 @@ def parts_of(package_dir: Path, units: list[UnitSpec]) -> list[tuple[list[PartSp
 def test_every_extractable_part_is_in_exactly_one_unit_in_snapshot_order(tmp_path: Path) -> None:
     builder = history(tmp_path)
     record = builder.add("session-b", 99, "user", "界面字段改名" * 6_000)  # 108,000 bytes: four parts
-    builder.add_asset(record, "diagram.png", b"\x89PNG not text")
+    builder.add_asset(record, b"\x89PNG not text")
     package = builder.seal()
     units = plan_units(package, processor_version="p1", budget=SMALL)
     assert len(units) > 5
@@ -113,7 +113,9 @@ def test_a_part_naming_a_record_out_of_order_is_a_damaged_manifest(tmp_path: Pat
     package = history(tmp_path).seal()
     files = package / "snapshot" / "files.jsonl"
     lines = files.read_text().splitlines(keepends=True)
-    files.write_text("".join([lines[1], lines[0], *lines[2:]]))
+    first, second = [number for number, line in enumerate(lines) if json.loads(line)["kind"] == "text"][:2]
+    lines[first], lines[second] = lines[second], lines[first]
+    files.write_text("".join(lines))
     with pytest.raises(PackageUnreadable, match="not listed"):
         plan_units(package, processor_version="p1", budget=SMALL)
 

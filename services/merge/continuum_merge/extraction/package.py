@@ -4,13 +4,15 @@ The operation's directory (`package_dir`, ``<package root>/<operation id>/``) ho
 (sealed; read only here), ``work/`` (unit results) and ``handoff/``. What extraction reads of the
 snapshot, in the layout of issue 9 and seed 000 §4.2:
 
-- ``seal.json``: present only once sealed; the sha256 of its bytes is the snapshot's identity here.
+- ``seal.json``: present only once sealed; its ``manifestHash`` is the sha256 of ``manifest.json``,
+  which is the snapshot hash (the manifest carries every stream's hash, the streams every file's).
 - ``records.jsonl``: one record per line, in source → message order:
   ``{"recordRef", "origin": {"sessionId", "recordId", "version", "kind"}, "role", "createdAt",
   "rawRef", "processingPolicy"}``; only ``processingPolicy == "extract"`` is sent to a model.
-- ``files.jsonl``: one file per line, a record's text parts in part order:
+- ``files.jsonl``: one file per line, each record's files together and in records.jsonl's order:
   ``{"ref", "recordRef", "part", "path", "bytes", "sha256", "kind"}``; ``kind == "text"`` rows are
-  UTF-8 parts (``text/<recordRef>-<part>.txt``), others (``asset``) are originals not sent to a model.
+  UTF-8 parts (``text/<recordRef>-<part>.txt``) in part order; others (``raw``, ``asset``; no part
+  number) are originals never sent to a model.
 
 Every path comes from a manifest, is checked to stay inside the snapshot (relative, no ``..``, no
 symlink) and every byte read is checked against the recorded size and sha256.
@@ -79,12 +81,19 @@ class FileRow:
 
 
 def snapshot_identity(package_dir: Path) -> str:
-    """The sha256 of the snapshot's seal.json; raises PackageUnreadable when the snapshot is not sealed."""
+    """The snapshot hash: the sha256 of manifest.json, as seal.json records it (``manifestHash``).
+
+    Raises PackageUnreadable when the snapshot is not sealed or its manifest is not the one sealed.
+    """
+    snapshot = package_dir / SNAPSHOT_DIR
     try:
-        data = (package_dir / SNAPSHOT_DIR / "seal.json").read_bytes()
-    except OSError as exc:
-        raise PackageUnreadable(f"snapshot is not sealed: seal.json unreadable ({type(exc).__name__})") from exc
-    return hashlib.sha256(data).hexdigest()
+        seal = json.loads((snapshot / "seal.json").read_bytes())
+        manifest_hash = file_sha256(snapshot / "manifest.json")
+    except (OSError, ValueError) as exc:
+        raise PackageUnreadable(f"snapshot is not sealed: seal or manifest unreadable ({type(exc).__name__})") from exc
+    if not isinstance(seal, dict) or seal.get("manifestHash") != manifest_hash:
+        raise PackageUnreadable("snapshot manifest.json does not match the hash in seal.json")
+    return manifest_hash
 
 
 def iter_jsonl(path: Path, start: int = 0) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -117,10 +126,17 @@ def iter_records(package_dir: Path, start: int = 0) -> Iterator[tuple[int, Recor
     for offset, row in iter_jsonl(path, start):
         origin = row.get("origin")
         session_id = origin.get("sessionId") if isinstance(origin, dict) else None
-        values = (row.get("recordRef"), session_id, row.get("role"), row.get("processingPolicy"))
-        if not all(isinstance(value, str) for value in values) or not _HASH.fullmatch(str(values[0])):
+        record_ref, role, policy = (row.get(key) for key in ("recordRef", "role", "processingPolicy"))
+        if not (
+            isinstance(record_ref, str)
+            and _HASH.fullmatch(record_ref)
+            and isinstance(session_id, str)
+            and isinstance(role, str)
+            and isinstance(policy, str)
+        ):
             raise PackageUnreadable(f"records.jsonl row at byte {offset} lacks recordRef, origin.sessionId or role")
-        yield offset, RecordRow(*(str(value) for value in values))
+        # Roles are compared in lower case: transcript's enum names them USER, ASSISTANT, TOOL.
+        yield offset, RecordRow(record_ref, session_id, role.lower(), policy)
 
 
 def iter_files(package_dir: Path, start: int = 0) -> Iterator[tuple[int, FileRow]]:
@@ -134,8 +150,8 @@ def iter_files(package_dir: Path, start: int = 0) -> Iterator[tuple[int, FileRow
             isinstance(ref, str)
             and ref
             and isinstance(record_ref, str)
-            and isinstance(part, int)
-            and part >= 0
+            # Text parts are numbered; a record's raw file and its assets have no part number.
+            and ((isinstance(part, int) and part >= 0) or (part is None and kind != "text"))
             and isinstance(relative, str)
             and _safe_relative(relative)
             and isinstance(size, int)
@@ -145,7 +161,7 @@ def iter_files(package_dir: Path, start: int = 0) -> Iterator[tuple[int, FileRow
             and isinstance(kind, str)
         ):
             raise PackageUnreadable(f"files.jsonl row at byte {offset} is incomplete or names an unsafe path")
-        yield offset, FileRow(ref, record_ref, part, relative, size, sha256, kind)
+        yield offset, FileRow(ref, record_ref, part or 0, relative, size, sha256, kind)
 
 
 def read_text_part(package_dir: Path, relative: str, *, size: int, sha256: str) -> str:
