@@ -45,8 +45,13 @@ def test_every_extractable_part_is_in_exactly_one_unit_in_snapshot_order(tmp_pat
     assert [part.ref for part in own] == expected
     assert [unit.ordinal for unit in units] == list(range(len(units)))
     assert all(unit.stage == "extracting" and unit.part_count >= 1 for unit in units)
-    # The stored input is small and says where the unit's parts are.
-    assert all(len(unit.input_json()) < 400 for unit in units)
+    # The stored input is small and, with the id and ordinal, rebuilds the unit.
+    assert all(len(unit.input_json()) < 600 for unit in units)
+    assert [UnitSpec.from_stored(u.unit_id, u.ordinal, u.input_json()) for u in units] == units
+    with pytest.raises(ValueError, match="malformed"):
+        UnitSpec.from_stored("x", 0, '{"stage": "extracting"}')
+    with pytest.raises(ValueError, match="malformed"):
+        UnitSpec.from_stored("x", 0, units[0].input_json().replace('"parts":', '"parts":-'))
 
 
 def test_units_stay_within_the_budget_with_context_from_the_unit_before(tmp_path: Path) -> None:

@@ -108,9 +108,15 @@ class UnitSpec:
     last_ref: str
 
     def input_json(self) -> str:
-        """The bounded description stored with the unit row (no text, no part list)."""
+        """The bounded description stored with the unit row (no text, no part list): with the unit id
+        and ordinal, everything `from_stored` needs to rebuild this spec.
+        """
         return json.dumps(
             {
+                "stage": self.stage,
+                "snapshotHash": self.snapshot_hash,
+                "processorVersion": self.processor_version,
+                "inputHash": self.input_hash,
                 "filesOffset": self.files_offset,
                 "recordsOffset": self.records_offset,
                 "contextParts": self.context_count,
@@ -120,6 +126,33 @@ class UnitSpec:
             },
             separators=(",", ":"),
         )
+
+    @classmethod
+    def from_stored(cls, unit_id: str, ordinal: int, input_json: str) -> UnitSpec:
+        """The spec a unit row describes (its id, ordinal and `input_json`); ValueError when malformed."""
+        try:
+            stored = json.loads(input_json)
+            spec = cls(
+                unit_id=unit_id,
+                stage=stored["stage"],
+                ordinal=ordinal,
+                snapshot_hash=stored["snapshotHash"],
+                processor_version=stored["processorVersion"],
+                input_hash=stored["inputHash"],
+                files_offset=stored["filesOffset"],
+                records_offset=stored["recordsOffset"],
+                context_count=stored["contextParts"],
+                part_count=stored["parts"],
+                first_ref=stored["firstRef"],
+                last_ref=stored["lastRef"],
+            )
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ValueError(f"unit {unit_id} has a malformed stored input") from exc
+        numbers = (spec.files_offset, spec.records_offset, spec.context_count, spec.part_count)
+        texts = (spec.stage, spec.snapshot_hash, spec.processor_version, spec.input_hash, spec.first_ref, spec.last_ref)
+        if not all(isinstance(n, int) and n >= 0 for n in numbers) or not all(isinstance(t, str) for t in texts):
+            raise ValueError(f"unit {unit_id} has a malformed stored input")
+        return spec
 
 
 @dataclass(frozen=True)
