@@ -72,7 +72,7 @@ async def test_extract_files_each_input_by_the_kind_of_its_most_telling_line() -
 async def test_condense_groups_items_by_section_and_status_and_cites_every_member() -> None:
     inputs: list[dict[str, Any]] = [
         {"alias": f"a{n}", "section": "checks", "status": "failed", "content": f"check {n} failed"} for n in range(5)
-    ] + [{"alias": "a9", "section": "goals", "status": "recorded", "content": "ship it"}]
+    ] + [{"alias": "a9", "section": "goals", "status": "recorded", "content": "ship it " + "x" * 100}]
     payload = await answer(request("condense", inputs))
     assert payload["items"] == [
         {
@@ -81,7 +81,7 @@ async def test_condense_groups_items_by_section_and_status_and_cites_every_membe
             "content": "5 items: check 0 failed | check 1 failed | check 2 failed | +2 more",
             "evidence": ["a0", "a1", "a2", "a3", "a4"],
         },
-        {"section": "goals", "status": "recorded", "content": "1 item: ship it", "evidence": ["a9"]},
+        {"section": "goals", "status": "recorded", "content": "ship it " + "x" * 71 + "…", "evidence": ["a9"]},
     ]
 
 

@@ -245,12 +245,13 @@ def _structured_items(request: StructuredRequest) -> list[dict[str, Any]]:
         quotes = [_clip_to(str(entry["content"]), _CONDENSED_QUOTE_CHARS) for entry in entries[:_CONDENSED_QUOTES]]
         if len(entries) > _CONDENSED_QUOTES:
             quotes.append(f"+{len(entries) - _CONDENSED_QUOTES} more")
-        noun = "item" if len(entries) == 1 else "items"
+        # A group of one is only clipped: a count in front would make it longer than what it condenses.
+        content = quotes[0] if len(entries) == 1 else f"{len(entries)} items: " + " | ".join(quotes)
         items.append(
             {
                 "section": section,
                 "status": status,
-                "content": f"{len(entries)} {noun}: " + " | ".join(quotes),
+                "content": content,
                 "evidence": [str(entry["alias"]) for entry in entries],
             }
         )

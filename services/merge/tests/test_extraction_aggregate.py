@@ -98,6 +98,7 @@ async def test_a_long_history_ends_in_a_verified_bounded_handoff_that_keeps_ever
     markdown = (handoff / "handoff.md").read_text()
     assert all(f"## {section}" in markdown for section in SECTIONS)
     assert markdown.count("Not recorded.") == 1
+    assert "- session-a: " in markdown and "- session-b: " in markdown
 
 
 async def test_aggregating_again_gives_the_same_handoff(tmp_path: Path) -> None:
@@ -114,7 +115,7 @@ async def test_a_small_history_needs_no_layer_and_an_unshrinkable_one_gets_the_n
     package = long_history(tmp_path / "small", 5)
     ready = await aggregate(package, await extract_all(package), OfflineProvider(), model="", budget=BUDGET)
     assert (ready.layer_count, ready.navigation, ready.brief_item_count) == (0, False, 5)
-    # Five items in five different sections and statuses: condensing only adds "1 item: " to each.
+    # Five short items in five different sections and statuses: condensing cannot make them shorter.
     package = long_history(tmp_path / "distinct", 5)
     results = await extract_all(package)
     ready = await aggregate(package, results, OfflineProvider(), model="", budget=BUDGET, brief_tokens=10)

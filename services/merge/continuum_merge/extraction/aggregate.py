@@ -55,8 +55,6 @@ __all__ = ["BRIEF_TOKENS", "HandoffReady", "aggregate", "verify_handoff"]
 BRIEF_TOKENS = 2_048
 # What a layer shows of one item below it: a bounded excerpt (the whole item stays in its file).
 EXCERPT_CHARS = 600
-# Entries to the details listed by the navigation fallback; the rest are counted.
-NAVIGATION_ENTRIES = 50
 NOT_RECORDED = "Not recorded."
 _STAGING = "handoff.staging"
 
@@ -469,6 +467,12 @@ def _markdown(overview: dict[str, Any], brief: dict[str, Any]) -> str:
     ]
     if brief["navigation"]:
         lines.append("The brief is a navigation only: details not expanded, read them before continuing.")
+    lines += ["", "## sources", ""]
+    for source, sections in overview["bySource"].items():
+        described = ", ".join(
+            f"{section} {sum(statuses.values())}" for section, statuses in sections.items() if statuses
+        )
+        lines.append(f"- {source}: {described}")
     for section in SECTIONS:
         lines += ["", f"## {section}", ""]
         entries = [item for item in brief["items"] if item["section"] == section]
