@@ -139,6 +139,21 @@ async def test_verify_refuses_a_changed_missing_or_foreign_handoff(tmp_path: Pat
         (handoff / relative).write_bytes(original)
     ready = verify_handoff(package)
     assert isinstance(ready, HandoffReady)
+    # A manifest line may not point outside handoff/, even with ready.json rewritten to match it.
+    details, ready_file = handoff / "details.jsonl", handoff / "ready.json"
+    original, original_ready = details.read_bytes(), ready_file.read_bytes()
+    row = json.loads(original.splitlines()[0])
+    for outside in ["/etc/hostname", "../snapshot/seal.json"]:
+        details.write_bytes(json.dumps(row | {"textPath": outside}).encode() + b"\n")
+        forged = json.loads(original_ready)
+        for listed in forged["files"]:
+            if listed["path"] == "details.jsonl":
+                listed["sha256"] = hashlib.sha256(details.read_bytes()).hexdigest()
+        ready_file.write_text(json.dumps(forged))
+        with pytest.raises(HandoffDamaged, match="outside handoff"):
+            verify_handoff(package)
+    details.write_bytes(original)
+    ready_file.write_bytes(original_ready)
     # Another sealed snapshot in its place (manifest and seal agree) is not the one the handoff names.
     manifest = package / "snapshot" / "manifest.json"
     manifest.write_bytes(manifest.read_bytes() + b"\n")
@@ -165,4 +180,7 @@ async def test_results_of_another_snapshot_or_outside_work_are_refused(tmp_path:
         await aggregate(package, [copied], OfflineProvider(), model="")
     with pytest.raises(PackageUnreadable, match="work directory"):
         await aggregate(package, [foreign[0]], OfflineProvider(), model="")
+    own = await extract_all(package)
+    with pytest.raises(PackageUnreadable, match="given twice"):
+        await aggregate(package, [own[0], own[0]], OfflineProvider(), model="")
     assert not (package / "handoff").exists()

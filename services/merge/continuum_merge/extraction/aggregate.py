@@ -28,7 +28,7 @@ import shutil
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from continuum_merge.extraction.errors import HandoffDamaged, PackageUnreadable
@@ -228,6 +228,8 @@ def _write_details(
             except (OSError, ValueError) as exc:
                 raise PackageUnreadable(f"unit result {path.name} is unreadable") from exc
             unit_id = _checked_result(result, snapshot_hash, path.name)
+            if (staging / f"details/{unit_id}.json").exists():
+                raise PackageUnreadable(f"unit result {path.name} is given twice")
             if processor_version and result["processorVersion"] != processor_version:
                 raise PackageUnreadable("unit results come from different processor versions")
             processor_version = result["processorVersion"]
@@ -494,8 +496,12 @@ def _excerpt(content: str) -> str:
 
 
 def _check(handoff: Path, relative: Any, sha256: Any) -> None:
-    if not isinstance(relative, str) or not isinstance(sha256, str) or ".." in Path(relative).parts:
+    """`handoff`/`relative` exists, is no symlink and has `sha256`; the path must stay inside handoff/."""
+    if not isinstance(relative, str) or not isinstance(sha256, str):
         raise HandoffDamaged("a handoff manifest line lacks its path or hash")
+    parts = PurePosixPath(relative).parts
+    if not parts or PurePosixPath(relative).is_absolute() or ".." in parts or "\\" in relative:
+        raise HandoffDamaged("a handoff manifest line names a path outside handoff/")
     path = handoff / relative
     try:
         if path.is_symlink() or file_sha256(path) != sha256:
