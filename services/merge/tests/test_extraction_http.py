@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from deadline_testing import eventually
 from extraction_testing import SnapshotBuilder
-from model_server_testing import MODEL, FakeModelServer, completion, json_reply
+from model_server_testing import MODEL, FakeModelServer, Reply, completion, json_reply
 
 from continuum_merge.extraction import (
     AnswerInvalid,
@@ -170,6 +172,20 @@ async def test_an_answer_citing_unknown_aliases_twice_fails_the_unit_without_a_r
     assert not (package / "work").exists()
     # Logs name the problem, never the history or the answer.
     assert SECRET_TEXT not in caplog.text and "B still reads" not in caplog.text
+
+
+async def test_a_cancelled_model_call_leaves_no_result(
+    tmp_path: Path, server: FakeModelServer, provider: OpenAICompatibleProvider
+) -> None:
+    """A graceful stop cancels the unit in its model call: nothing is written, the unit is simply redone."""
+    package, unit = one_unit(tmp_path)
+    server.script(Reply(status=200, body=completion(answer(OPEN)).body, delay_seconds=60))
+    running = asyncio.create_task(run_unit(unit, package, provider, model=MODEL))
+    await eventually(lambda: server.requests, what="the unit's request to reach the model server")
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert not (package / "work").exists()
 
 
 async def test_a_truncated_answer_is_never_a_result(
