@@ -15,6 +15,7 @@ from model_server_testing import MODEL, FakeModelServer, Reply, completion, json
 
 from continuum_merge.extraction import (
     AnswerInvalid,
+    CallRecord,
     UnitBudget,
     UnitSpec,
     UnitTooLarge,
@@ -163,10 +164,21 @@ async def test_an_answer_citing_unknown_aliases_twice_fails_the_unit_without_a_r
 ) -> None:
     package, unit = one_unit(tmp_path)
     invented = dict(OPEN, evidence=["i9"])
-    server.script(completion(answer(invented)), completion(answer(RENAMED, dict(OPEN, status="done"))))
+    server.script(
+        completion(answer(invented), usage={"prompt_tokens": 10, "completion_tokens": 20}),
+        completion(answer(RENAMED, dict(OPEN, status="done"))),
+    )
+    heard: list[tuple[str, CallRecord]] = []
     with pytest.raises(AnswerInvalid, match="status must be one of") as raised:
-        await run_unit(unit, package, provider, model=MODEL)
+        await run_unit(
+            unit, package, provider, model=MODEL, on_call=lambda subject, call: heard.append((subject, call))
+        )
     assert raised.value.unit_id == unit.unit_id
+    # Both calls are accounted for, though the unit failed; the second's usage stays unknown.
+    assert [(subject, call.usage) for subject, call in heard] == [
+        (unit.unit_id, Usage(prompt_tokens=10, completion_tokens=20)),
+        (unit.unit_id, Usage()),
+    ]
     repair = json.loads(server.requests[1].json()["messages"][1]["content"])
     assert "did not give: 'i9'" in repair["previousAnswerRejected"]
     assert not (package / "work").exists()
@@ -238,7 +250,11 @@ async def test_aggregation_condenses_through_the_http_client(
         "evidence": ["a1", "a2"],
     }
     server.script(completion(answer(condensed), usage={"prompt_tokens": 50, "completion_tokens": 20}))
-    ready = await aggregate(package, [outcome.path], provider, model=MODEL, brief_tokens=10)
+    heard: list[tuple[str, CallRecord]] = []
+    ready = await aggregate(
+        package, [outcome.path], provider, model=MODEL, brief_tokens=10, on_call=lambda *call: heard.append(call)
+    )
+    assert [call.usage for _, call in heard] == [Usage(prompt_tokens=50, completion_tokens=20)]
     assert (ready.layer_count, ready.brief_item_count, ready.navigation, ready.not_expanded) == (1, 1, False, 0)
     brief = json.loads((package / "handoff" / "brief.json").read_bytes())
     result = json.loads(outcome.path.read_bytes())

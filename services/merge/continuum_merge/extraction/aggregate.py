@@ -45,7 +45,7 @@ from continuum_merge.extraction.package import (
 from continuum_merge.extraction.plan import UnitBudget
 from continuum_merge.extraction.prompts import condense_request
 from continuum_merge.extraction.schema import SCHEMA_VERSION, SECTIONS, STATUSES
-from continuum_merge.extraction.unit import RESULT_KIND, ask_items, item_id
+from continuum_merge.extraction.unit import RESULT_KIND, CallHook, ask_items, item_id
 from continuum_runtime.provider import ModelProvider
 from continuum_runtime.provider.tokens import estimate_tokens
 
@@ -85,12 +85,14 @@ async def aggregate(
     model: str,
     budget: UnitBudget | None = None,
     brief_tokens: int = BRIEF_TOKENS,
+    on_call: CallHook | None = None,
 ) -> HandoffReady:
     """Build ``handoff/`` from `unit_results` (the units' ``work/`` files, in plan order).
 
     Each result is checked (kind, snapshot, schema) before it is copied. Condensing requests get one
     repair each; a second invalid answer raises AnswerInvalid. Provider failures propagate. File work
-    runs in threads; `verify_handoff` does not (call it in one).
+    runs in threads; `verify_handoff` does not (call it in one). `on_call` hears of every condensing
+    call with its usage (packs answered by an earlier run are reused without a call).
     """
     budget = budget or UnitBudget()
     snapshot_hash, processor_version, counts = await asyncio.to_thread(_prepare, package_dir, unit_results)
@@ -103,7 +105,10 @@ async def aggregate(
     while layer_tokens > brief_tokens:
         target = staging / "layers" / f"{layer_count + 1}.jsonl"
         tokens, dropped = await _condense(
-            _layer_entries(staging, layer), target, provider, budget, package_dir, f"{snapshot_hash}:L{layer_count + 1}"
+            _layer_entries(staging, layer),
+            target,
+            _Asker(provider, budget, package_dir, on_call),
+            f"{snapshot_hash}:L{layer_count + 1}",
         )
         if tokens >= layer_tokens:
             target.unlink()
@@ -314,22 +319,25 @@ def _layer_entries(staging: Path, layer: Path | None) -> Iterator[dict[str, Any]
             }
 
 
-async def _condense(
-    below: Iterator[dict[str, Any]],
-    target: Path,
-    provider: ModelProvider,
-    budget: UnitBudget,
-    package_dir: Path,
-    layer_key: str,
-) -> tuple[int, int]:
+@dataclass(frozen=True)
+class _Asker:
+    """Who condensing asks, within which budget, where answers are kept, and who hears of each call."""
+
+    provider: ModelProvider
+    budget: UnitBudget
+    package_dir: Path
+    on_call: CallHook | None
+
+
+async def _condense(below: Iterator[dict[str, Any]], target: Path, asker: _Asker, layer_key: str) -> tuple[int, int]:
     """Condense `below` in budgeted packs into `target`; returns its estimated tokens and the detail items
     left uncited (not expanded) by this layer.
     """
     tokens = 0
     dropped = 0
     with target.open("wb") as out:
-        for number, pack in enumerate(_packs(below, budget)):
-            items, uncovered = await _condense_pack(pack, provider, budget, package_dir, f"{layer_key}:{number}")
+        for number, pack in enumerate(_packs(below, asker.budget)):
+            items, uncovered = await _condense_pack(pack, asker, f"{layer_key}:{number}")
             for item in items:
                 out.write(json.dumps(item, ensure_ascii=False, sort_keys=True).encode() + b"\n")
                 tokens += _entry_tokens(item["content"])
@@ -352,9 +360,7 @@ def _packs(entries: Iterator[dict[str, Any]], budget: UnitBudget) -> Iterator[li
         yield pack
 
 
-async def _condense_pack(
-    pack: list[dict[str, Any]], provider: ModelProvider, budget: UnitBudget, package_dir: Path, key: str
-) -> tuple[list[dict[str, Any]], int]:
+async def _condense_pack(pack: list[dict[str, Any]], asker: _Asker, key: str) -> tuple[list[dict[str, Any]], int]:
     """One condensing request (and at most one repair) over `pack`; the new items and uncited coverage.
 
     The outcome is kept in ``work/condense/<hash of key and inputs>.json``, so aggregating again after a
@@ -366,16 +372,17 @@ async def _condense_pack(
         for alias, e in aliases.items()
     ]
     identity = json.dumps([key, inputs, [e["itemId"] for e in pack]], ensure_ascii=False, sort_keys=True)
-    saved = package_dir / WORK_DIR / "condense" / f"{hashlib.sha256(identity.encode()).hexdigest()}.json"
+    saved = asker.package_dir / WORK_DIR / "condense" / f"{hashlib.sha256(identity.encode()).hexdigest()}.json"
     reused = _saved_pack(saved)
     if reused is not None:
         return reused
     answer, _, _ = await ask_items(
-        provider,
+        asker.provider,
         lambda rejected: condense_request(inputs, rejected=rejected),
         aliases,
-        budget=budget,
+        budget=asker.budget,
         subject=key,
+        on_call=asker.on_call,
     )
     cited: set[str] = set()
     items = []

@@ -25,6 +25,7 @@ from continuum_runtime.provider import ChatMessage, Completion, ModelProvider, U
 
 __all__ = [
     "RESULT_KIND",
+    "CallHook",
     "CallRecord",
     "UnitOutcome",
     "ask_items",
@@ -46,6 +47,10 @@ class CallRecord:
     model: str
     usage: Usage
     finish_reason: str | None
+
+
+# Told of each answered model call: the unit id or condensing pack it was for, and the call.
+CallHook = Callable[[str, CallRecord], None]
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,7 @@ async def run_unit(
     *,
     model: str,
     budget: UnitBudget | None = None,
+    on_call: CallHook | None = None,
 ) -> UnitOutcome:
     """Extract `spec`'s parts with `provider` and write ``work/<unit id>.json`` (file work in a thread).
 
@@ -79,7 +85,8 @@ async def run_unit(
     that fails the checks gets one repair request naming the problem; a second failure raises
     AnswerInvalid. UnitTooLarge (byte guards), `ProviderInputTooLarge` and `ProviderOutputTruncated` mean
     the unit must be split (`split_unit`); other `ProviderError`s propagate as they are; a damaged
-    snapshot raises PackageUnreadable. Nothing is written unless the answer is accepted.
+    snapshot raises PackageUnreadable. Nothing is written unless the answer is accepted. `on_call`
+    hears of every answered call, also those of a unit that then fails (their usage still counts).
     """
     budget = budget or UnitBudget()
     context, own = await asyncio.to_thread(scan_unit, package_dir, spec)
@@ -90,6 +97,7 @@ async def run_unit(
         by_alias,
         budget=budget,
         subject=spec.unit_id,
+        on_call=on_call,
     )
     return await asyncio.to_thread(_write, spec, package_dir, model, completion, items, by_alias, calls)
 
@@ -101,13 +109,15 @@ async def ask_items(
     *,
     budget: UnitBudget,
     subject: str,
+    on_call: CallHook | None = None,
 ) -> tuple[list[AnswerItem], Completion, tuple[CallRecord, ...]]:
     """Send `request(None)`; when the answer fails the checks, send `request(problem)` once more.
 
     Returns the checked items, the accepted completion and every call made. Raises AnswerInvalid
     (naming `subject`, a unit or condensing pack) when the repaired answer fails too, and UnitTooLarge
-    when a request or an answer is over the budget's byte guards. Logs ids, figures and reasons only:
-    never the request or the answer.
+    when a request or an answer is over the budget's byte guards. `on_call(subject, call)` hears of
+    each answered call as it ends, accepted or not (for per-call accounting). Logs ids, figures and
+    reasons only: never the request or the answer.
     """
     calls: list[CallRecord] = []
     rejected: str | None = None
@@ -121,6 +131,8 @@ async def ask_items(
             )
         completion = await provider.complete(messages, max_output_tokens=budget.output_tokens)
         calls.append(CallRecord(completion.model, completion.usage, completion.finish_reason))
+        if on_call is not None:
+            on_call(subject, calls[-1])
         figures = {
             "subject": subject,
             "attempt": attempt,
