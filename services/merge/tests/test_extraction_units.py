@@ -121,3 +121,17 @@ async def test_a_committed_result_is_reused_only_while_its_hash_matches(tmp_path
     outcome.path.unlink()
     with pytest.raises(PackageUnreadable, match="missing"):
         verify_unit_result(package, outcome.relative_path, outcome.sha256)
+
+
+async def test_a_unit_planned_over_another_snapshot_is_refused(tmp_path: Path) -> None:
+    package = continuation(tmp_path)
+    unit = plan_units(package, processor_version="p1", budget=BUDGET)[0]
+    # The same package directory sealed again with one more record: another snapshot.
+    builder = SnapshotBuilder(tmp_path / "again")
+    builder.add("session-a", 1, "user", "Rename the response field name to displayName. Never break old clients.")
+    builder.add("session-c", 1, "user", "another source")
+    resealed = builder.seal() / "snapshot"
+    for name in ("manifest.json", "seal.json"):
+        (package / "snapshot" / name).write_bytes((resealed / name).read_bytes())
+    with pytest.raises(PackageUnreadable, match="another snapshot"):
+        await run_unit(unit, package, OfflineProvider(), model="", budget=BUDGET)

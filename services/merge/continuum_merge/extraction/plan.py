@@ -225,7 +225,9 @@ def split_unit(package_dir: Path, spec: UnitSpec) -> tuple[UnitSpec, UnitSpec] |
 
 
 def _scan(package_dir: Path, spec: UnitSpec) -> list[_Located]:
-    """The located parts of `spec` (context first), checked against its input hash."""
+    """The located parts of `spec` (context first), checked against its snapshot and its input hash."""
+    if snapshot_identity(package_dir) != spec.snapshot_hash:
+        raise PackageUnreadable(f"unit {spec.unit_id} was planned over another snapshot than the one sealed here")
     wanted = spec.context_count + spec.part_count
     parts: list[_Located] = []
     for located in _extractable(package_dir, spec.files_offset, spec.records_offset):
