@@ -153,6 +153,11 @@ async def test_verify_refuses_a_changed_missing_or_foreign_handoff(tmp_path: Pat
         with pytest.raises(HandoffDamaged, match="outside handoff"):
             verify_handoff(package)
     details.write_bytes(original)
+    forged = json.loads(original_ready)
+    forged["files"] = [listed for listed in forged["files"] if listed["path"] != "details.jsonl"]
+    ready_file.write_text(json.dumps(forged))
+    with pytest.raises(HandoffDamaged, match="every entry file"):
+        verify_handoff(package)
     ready_file.write_bytes(original_ready)
     # Another sealed snapshot in its place (manifest and seal agree) is not the one the handoff names.
     manifest = package / "snapshot" / "manifest.json"
