@@ -25,11 +25,13 @@ def holder(operation_id: str) -> str:
 
 @dataclass(frozen=True)
 class TreeCut:
-    """One source tree at admission: its sessions (root first) and each one's last message id."""
+    """One source tree at admission: its sessions (root first), each one's last message id and history
+    generation (a history rewritten after the cut is not copied)."""
 
     root_session_id: str
     session_ids: tuple[str, ...]
     last_message_ids: dict[str, int]
+    history_generations: dict[str, int]
 
 
 class TreeChanged(Exception):
@@ -44,6 +46,7 @@ def cut_json(cuts: Sequence[TreeCut]) -> str:
                 "rootSessionId": cut.root_session_id,
                 "sessionIds": list(cut.session_ids),
                 "lastMessageIds": cut.last_message_ids,
+                "historyGenerations": cut.history_generations,
             }
             for cut in cuts
         ],
@@ -55,7 +58,10 @@ def parse_cut(stored: str) -> list[TreeCut]:
     """Read a stored cut."""
     return [
         TreeCut(
-            item["rootSessionId"], tuple(item["sessionIds"]), {k: int(v) for k, v in item["lastMessageIds"].items()}
+            item["rootSessionId"],
+            tuple(item["sessionIds"]),
+            {key: int(value) for key, value in item["lastMessageIds"].items()},
+            {key: int(value) for key, value in item["historyGenerations"].items()},
         )
         for item in json.loads(stored)
     ]
@@ -80,7 +86,8 @@ async def read_cut(transcript: TranscriptClient, user: str, sources: Sequence[st
     """Each source tree's sessions and last message ids, read while the claim is held."""
     cuts: list[TreeCut] = []
     for root in sources:
-        session_ids = [session_id async for session_id in transcript.tree(user, root)]
-        last = {session_id: await transcript.last_message_id(user, session_id) for session_id in session_ids}
-        cuts.append(TreeCut(root, tuple(session_ids), last))
+        sessions = [session async for session in transcript.tree(user, root)]
+        last = {session.session_id: await transcript.last_message_id(user, session.session_id) for session in sessions}
+        generations = {session.session_id: session.history_generation for session in sessions}
+        cuts.append(TreeCut(root, tuple(session.session_id for session in sessions), last, generations))
     return cuts

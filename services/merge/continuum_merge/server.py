@@ -14,6 +14,7 @@ from continuum_merge.operations import Operations, WorkerSignals
 from continuum_merge.pipeline import Pipeline
 from continuum_merge.servicer import MergeServicer
 from continuum_merge.settings import MergeSettings
+from continuum_merge.stages import PackagePipeline
 from continuum_merge.transcript_client import TranscriptClient
 from continuum_merge.worker import Failpoint, Worker, crash_at
 from continuum_runtime import migrations
@@ -80,9 +81,9 @@ async def start(
     """Start the merge service; migrate first when `migrate_on_start` is set.
 
     `provider` replaces the configured one (tests pass an in-memory provider with the same contract);
-    `clock` replaces the system clock; the worker runs the stages through `pipeline` (without one, or
-    with `worker_enabled` off, this replica only answers the API); `failpoint` replaces the kill at
-    `crash_at` (tests hold a run at a named point).
+    `clock` replaces the system clock; `pipeline` replaces the real stages (tests script them);
+    `failpoint` replaces the kill at `crash_at` (tests hold a run at a named point). With
+    `worker_enabled` off this replica only answers the API.
     """
     clock = clock or SystemClock()
     database = open_database(settings)
@@ -92,7 +93,13 @@ async def start(
     provider = provider or open_provider(settings.provider)
     signals: WorkerSignals = ApiOnly()
     drains: list[Cleanup] = []
-    if settings.worker_enabled and pipeline is not None:
+    if settings.worker_enabled:
+        pipeline = pipeline or PackagePipeline(
+            transcript,
+            provider,
+            transcript_timeout_seconds=settings.transcript_timeout_seconds,
+            disk_reserve_bytes=settings.disk_reserve_bytes,
+        )
         worker = Worker(
             settings,
             database,
