@@ -180,7 +180,18 @@ def test_up_serves_sessions_messages_compaction_and_merges_and_stops_on_ctrl_c(r
         other = create_session(client, "e2e other", ("third",))
         merge_request = {"sourceSessionIds": [session_id, other], "primarySessionId": session_id}
         started = client.post("/v1/session-merges", json={**merge_request, "idempotencyKey": "e2e-merge"})
-        read = client.get(started.headers.get("Location", "/v1/session-merges/none"))
+        location = started.headers.get("Location", "/v1/session-merges/none")
+        read = client.get(location)
+        # Merge's worker runs it through the real stages (the offline provider) to a published target.
+
+        def completed() -> bool:
+            status = client.get(location).json()["operation"]["progress"]["status"]
+            assert status in ("MERGE_STATUS_PREPARING", "MERGE_STATUS_COMPLETED"), status
+            return bool(status == "MERGE_STATUS_COMPLETED")
+
+        wait_for(completed, what="the merge completed", seconds=START_TIMEOUT, diagnostics=run.diagnostics)
+        done = client.get(location).json()["operation"]["progress"]
+        target = client.get(f"/v1/sessions/{done['targetSessionId']}")
 
     assert (summary.status_code, summary.json()) == (httpx.codes.OK, {"data": None}), summary.text
     assert compacted.status_code == httpx.codes.OK, compacted.text
@@ -192,6 +203,11 @@ def test_up_serves_sessions_messages_compaction_and_merges_and_stops_on_ctrl_c(r
     assert read.status_code == httpx.codes.OK, read.text
     assert read.json()["operation"]["progress"]["operationId"] == operation_id
     assert read.json()["operation"]["parameters"]["sourceSessionIds"] == [session_id, other]
+    assert target.json()["session"]["kind"] == "SESSION_KIND_MERGED", target.text
+    # Its package is in the data dir, private like everything there.
+    package = run.data_dir / "merge-packages" / operation_id
+    assert (package / "snapshot" / "seal.json").exists(), run.diagnostics()
+    assert {path.stat().st_mode & 0o777 for path in package.rglob("*")} <= {0o600, 0o700}
 
     assert listed.status_code == httpx.codes.OK, listed.text
     messages = listed.json()["messages"]
