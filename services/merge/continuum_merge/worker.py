@@ -26,6 +26,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from continuum_merge import store
 from continuum_merge.admission import TreeChanged, claim_sources, cut_json, holder, parse_cut, read_cut
 from continuum_merge.errors import MergeError, SourceBusy, TranscriptUnavailable
@@ -146,7 +148,8 @@ class Worker:
                 await self._take_work()
             except MergeError as error:
                 logger.warning("looking for merge work failed", extra={"reason": error.reason})
-            except OSError as error:
+            except (OSError, SQLAlchemyError) as error:
+                # The database is unreachable for now: look again at the next poll.
                 logger.warning("looking for merge work failed", extra={"error": type(error).__name__})
             waiter = asyncio.ensure_future(self._wake.wait())
             sleeper = asyncio.ensure_future(self._clock.sleep(self._settings.worker_poll_seconds))
@@ -251,8 +254,8 @@ class OperationRun:
             try:
                 async with self._db.transaction() as connection:
                     renewed = await store.renew_lease(connection, self._fence, self._clock.now_ms(), ttl_ms)
-            except OSError:
-                # The database is unreachable: keep running until the lease would lapse anyway.
+            except (OSError, SQLAlchemyError):
+                # The database is unreachable: keep running; the lease lapses by itself if this lasts.
                 continue
             if not renewed:
                 main.cancel()
@@ -495,7 +498,7 @@ class OperationRun:
                 operation = await store.load(connection, self._fence.operation_id)
             if operation is not None and operation.status == "cancelled":
                 await cleanup_cancelled(self._transcript, self._db, self._clock, operation, self._package)
-        except (MergeError, OSError) as error:
+        except (MergeError, OSError, SQLAlchemyError) as error:
             # The lease lapses by itself; the cleanup sweep retries what is left.
             logger.warning(
                 "merge run not finished cleanly",
