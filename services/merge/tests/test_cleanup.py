@@ -46,8 +46,10 @@ async def test_deleting_a_target_removes_only_its_package(tmp_path: Path, databa
 
         await eventually(lambda: not (root / alices.progress.operation_id).exists(), what="alice's package removed")
         assert (root / bobs.progress.operation_id / "handoff" / "ready.json").exists()
-        # The operation stays readable for diagnosis.
-        assert (await stack.get(alices.progress.operation_id)).progress.status == pb.MERGE_STATUS_COMPLETED
+        # The operation stays readable for diagnosis; its target is no longer available.
+        after = await stack.get(alices.progress.operation_id)
+        assert (after.progress.status, after.progress.target_available) == (pb.MERGE_STATUS_COMPLETED, False)
+        assert (await stack.get(bobs.progress.operation_id, OTHER)).progress.target_available
 
 
 async def test_reconcile_removes_a_cancelled_operations_package_and_keeps_the_rest(
