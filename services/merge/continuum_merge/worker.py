@@ -30,7 +30,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from continuum_merge import store
 from continuum_merge.admission import TreeChanged, claim_sources, cut_json, holder, parse_cut, read_cut
-from continuum_merge.errors import MergeError, SourceBusy, TranscriptUnavailable
+from continuum_merge.errors import MergeError, SourceBusy, TranscriptRefused, TranscriptUnavailable
 from continuum_merge.pipeline import Pipeline, Sealed, StageStop
 from continuum_merge.settings import MergeSettings
 from continuum_merge.store import Fence, Operation
@@ -312,8 +312,9 @@ class OperationRun:
         """Claim the sources (unless this run's admission still holds them), record the cut, copy, seal,
         record the seal, release every claim at once."""
         sources = operation.parameters.source_session_ids
-        if operation.claim_id is not None and operation.locked_roots(self._clock.now_ms()) and operation.cut_json:
-            self._claim = HeldClaim(operation.claim_id, tuple(operation.locked_roots(self._clock.now_ms())), 0)
+        held = await self._still_held(operation)
+        if held is not None and operation.cut_json:
+            self._claim = held
             cuts = parse_cut(operation.cut_json)
         else:
             # After a pause or a crash the old claim may have lapsed and the sources moved on: claim
@@ -353,6 +354,22 @@ class OperationRun:
         await self._failpoint(SEAL_AFTER_RECORD)
         await self._release_claims()
         self._block_on(sealed)
+
+    async def _still_held(self, operation: Operation) -> HeldClaim | None:
+        """The claim the admission (or an earlier run) recorded, if transcript still holds it: renewing
+        it is the proof (a lapsed claim may have let a turn change the sources since the cut)."""
+        if operation.claim_id is None or not operation.locked_roots(self._clock.now_ms()):
+            return None
+        try:
+            renewed = await self._transcript.renew_claim(
+                operation.owner, operation.claim_id, self._settings.claim_ttl_seconds
+            )
+        except TranscriptRefused:
+            return None
+        async with self._db.transaction() as connection:
+            if not await store.renew_claim(connection, self._fence, renewed.expire_ms, self._clock.now_ms()):
+                raise Superseded(operation.operation_id)
+        return renewed
 
     async def _sealed_again(self, operation: Operation) -> None:
         """A run after the seal was recorded: the claims must be gone, the package must still match."""
