@@ -254,15 +254,18 @@ class OperationRun:
             try:
                 async with self._db.transaction() as connection:
                     renewed = await store.renew_lease(connection, self._fence, self._clock.now_ms(), ttl_ms)
-            except (OSError, SQLAlchemyError):
+                if not renewed:
+                    main.cancel()
+                    return
+                if self._claim is not None and self._clock.monotonic() >= claim_due:
+                    claim_due = self._clock.monotonic() + self._settings.claim_renew_seconds
+                    await self._renew_claim()
+            except (OSError, SQLAlchemyError) as error:
                 # The database is unreachable: keep running; the lease lapses by itself if this lasts.
-                continue
-            if not renewed:
-                main.cancel()
-                return
-            if self._claim is not None and self._clock.monotonic() >= claim_due:
-                claim_due = self._clock.monotonic() + self._settings.claim_renew_seconds
-                await self._renew_claim()
+                logger.warning(
+                    "merge lease not renewed",
+                    extra={"operation_id": self._fence.operation_id, "error": type(error).__name__},
+                )
 
     async def _renew_claim(self) -> None:
         claim = self._claim
