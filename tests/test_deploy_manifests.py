@@ -215,17 +215,24 @@ def test_transcript_runs_one_replica_and_never_two_during_a_rollout() -> None:
     assert transcript["strategy"] == {"type": "Recreate"}
 
 
-def test_every_merge_replica_keeps_its_packages_on_the_one_shared_volume() -> None:
+def test_every_merge_replica_leases_operations_under_its_pod_name() -> None:
     merge = _named("Deployment")["merge"]
     [container] = _containers(merge)
-    env = {v["name"]: v.get("value") for v in container["env"]}
-    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-    volumes = {v["name"]: v for v in _pod_spec(merge)["volumes"]}
-    [packages] = [name for name, path in mounts.items() if path == env["MERGE_PACKAGE_ROOT"]]
-    claim = volumes[packages]["persistentVolumeClaim"]["claimName"]
-    # Replicas take each other's operations over, so they all read and write the same tree.
+    # Replicas take each other's operations over, each naming its leases by its pod.
     assert merge["spec"]["replicas"] > 1
-    assert _named("PersistentVolumeClaim")[claim]["spec"]["accessModes"] == ["ReadWriteMany"]
-    # Each replica names its leases by its pod.
     instance = next(v for v in container["env"] if v["name"] == "MERGE_INSTANCE_ID")
     assert instance["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+
+
+def test_merge_replicas_and_its_cleanup_share_one_package_volume() -> None:
+    claims = _named("PersistentVolumeClaim")
+    assert claims["merge-packages"]["spec"]["accessModes"] == ["ReadWriteMany"]
+    for document in (_named("Deployment")["merge"], _named("CronJob")["merge-cleanup"]):
+        volumes = {v["name"]: v for v in _pod_spec(document)["volumes"]}
+        assert volumes["packages"]["persistentVolumeClaim"] == {"claimName": "merge-packages"}
+        [container] = _containers(document)
+        env = {v["name"]: v.get("value") for v in container["env"]}
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert env["MERGE_PACKAGE_ROOT"].startswith(mounts["packages"] + "/")
+    [cleanup] = _containers(_named("CronJob")["merge-cleanup"])
+    assert cleanup["command"] == ["python", "-m", "continuum_merge", "cleanup"]

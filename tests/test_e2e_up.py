@@ -293,6 +293,7 @@ def test_an_operator_follows_and_cleans_up_what_up_started_with_no_token_exporte
     printed = run.output.read_text().splitlines()
     assert f"  {CONTINUUM} follow <session-id>" in printed, run.diagnostics()
     assert f"  {CONTINUUM} cleanup compaction" in printed, run.diagnostics()
+    assert f"  {CONTINUUM} cleanup merge" in printed, run.diagnostics()
     # From the checkout (default ./.continuum), with --data-dir, and with $CONTINUUM_DATA_DIR.
     followers = [
         operator_command(run, ["follow", session_id], cwd=run.checkout),
@@ -310,6 +311,10 @@ def test_an_operator_follows_and_cleans_up_what_up_started_with_no_token_exporte
     assert run.operator_processes[-1].wait(timeout=COMMAND_TIMEOUT) == 0, cleanup.read_text() + run.diagnostics()
     # It reached transcript with the run's token and found the deleted session's event.
     assert "checked 1 deleted-session event(s)" in cleanup.read_text()
+    # Merge's reconcile reads the run's database and package root, and reaches transcript the same way.
+    merge_cleanup = operator_command(run, ["cleanup", "merge", "--data-dir", str(run.data_dir)], cwd=elsewhere)
+    assert run.operator_processes[-1].wait(timeout=COMMAND_TIMEOUT) == 0, merge_cleanup.read_text() + run.diagnostics()
+    assert "checked 0 package(s); removed 0" in merge_cleanup.read_text()
     run.stop()
 
 

@@ -90,6 +90,7 @@ COMPONENTS: tuple[Component, ...] = (
         default_port=50153,
         signs_page_tokens=True,
         migrates=True,
+        cleans_up=True,
         # The sealed packages of its operations (`<package root>/<operation id>/`).
         data_directories=(("PACKAGE_ROOT", "merge-packages"),),
     ),

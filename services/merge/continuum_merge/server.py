@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
 import uuid
 from pathlib import Path
@@ -10,6 +12,7 @@ import grpc
 
 from continuum.merge.v1 import merge_service_pb2_grpc as api_grpc
 from continuum_merge import SERVICE_NAME
+from continuum_merge.cleanup import SessionEventsConsumer
 from continuum_merge.operations import Operations, WorkerSignals
 from continuum_merge.pipeline import Pipeline
 from continuum_merge.servicer import MergeServicer
@@ -118,12 +121,25 @@ async def start(
         api_grpc.add_MergeServiceServicer_to_server(servicer, server)
         return [FULL_SERVICE_NAME]
 
+    tasks: list[asyncio.Task[None]] = []
+    if settings.consume_session_events:
+        consumer = SessionEventsConsumer(
+            database, transcript, settings.resolved_package_root(), settings.events_retry_seconds, clock
+        )
+        tasks.append(asyncio.create_task(consumer.run()))
+
+    async def stop_tasks() -> None:
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
     service = await start_server(
         SERVICE_NAME,
         settings,
         register=register,
         tracer_provider=tracer_provider(SERVICE_NAME, settings.trace_exporter),
-        cleanups=[transcript.close, provider.aclose, database.dispose],
+        cleanups=[transcript.close, provider.aclose, database.dispose, stop_tasks],
         drains=drains,
     )
     if isinstance(signals, Worker):
