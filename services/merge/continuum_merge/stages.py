@@ -14,13 +14,15 @@ from continuum_merge.extraction import (
     HandoffDamaged,
     PackageUnreadable,
     UnitSpec,
+    UnitTooLarge,
     aggregate,
     plan_units,
     run_unit,
+    split_unit,
     verify_handoff,
 )
 from continuum_merge.extraction.plan import UnitBudget
-from continuum_merge.pipeline import Sealed, StageStop, UnitDone
+from continuum_merge.pipeline import Sealed, SplitNeeded, StageStop, UnitDone
 from continuum_merge.snapshot import (
     DiskReserveShort,
     PackageDamaged,
@@ -37,7 +39,13 @@ from continuum_merge.snapshot import (
 )
 from continuum_merge.store import NewUnit, Unit
 from continuum_merge.transcript_client import TranscriptClient
-from continuum_runtime.provider import ModelProvider, ProviderAuthFailed, ProviderRequestRejected
+from continuum_runtime.provider import (
+    ModelProvider,
+    ProviderAuthFailed,
+    ProviderInputTooLarge,
+    ProviderOutputTruncated,
+    ProviderRequestRejected,
+)
 
 # Recorded with every unit: a new processor plans (and names) its units anew.
 PROCESSOR_VERSION = "merge-extraction/2"
@@ -128,6 +136,8 @@ class PackagePipeline:
         spec = UnitSpec.from_stored(unit.unit_id, unit.ordinal, unit.input_json)
         try:
             outcome = await run_unit(spec, package_dir, self._provider, model=model, budget=self._budget)
+        except (UnitTooLarge, ProviderInputTooLarge, ProviderOutputTruncated) as error:
+            raise await self._split(package_dir, spec, model) from error
         except PackageUnreadable as error:
             raise StageStop("PACKAGE_DAMAGED", "the sealed snapshot could not be read", "failed") from error
         except AnswerInvalid as error:
@@ -145,6 +155,33 @@ class PackagePipeline:
             outcome.model,
             usage.prompt_tokens if usage is not None else None,
             usage.completion_tokens if usage is not None else None,
+        )
+
+    async def _split(self, package_dir: Path, spec: UnitSpec, model: str) -> SplitNeeded | StageStop:
+        """The two halves replacing a unit that did not fit; a single part that does not fit pauses."""
+        try:
+            halves = await asyncio.to_thread(split_unit, package_dir, spec)
+        except PackageUnreadable:
+            return StageStop("PACKAGE_DAMAGED", "the sealed snapshot could not be read", "failed")
+        if halves is None:
+            return StageStop(
+                "PROVIDER_UNAVAILABLE",
+                "one stored record is too large for the model; resume with another model",
+                "paused",
+            )
+        return SplitNeeded(
+            [
+                NewUnit(
+                    half.unit_id,
+                    "extracting",
+                    half.ordinal,
+                    half.input_hash,
+                    half.input_json(),
+                    PROCESSOR_VERSION,
+                    model,
+                )
+                for half in halves
+            ]
         )
 
     async def aggregate(self, package_dir: Path, results: Sequence[Path], model: str) -> str:

@@ -5,6 +5,7 @@ and a graceful stop handing the operation to another replica. The stages are scr
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -191,3 +192,58 @@ async def test_a_graceful_stop_hands_the_operation_to_another_replica(
     # unit-0 was committed by the first replica and reused; unit-1 ran again after its cancelled attempt.
     assert (pipeline.calls["unit-0"], pipeline.calls["unit-1"], pipeline.calls["unit-2"]) == (1, 2, 1)
     assert pipeline.calls["snapshot"] == 1
+
+
+async def test_resuming_with_another_model_keeps_completed_units(stack: MergeStack, pipeline: ScriptedPipeline) -> None:
+    pipeline.stops["unit-1"] = StageStop("PROVIDER_UNAVAILABLE", "the model kept failing", "paused")
+    operation_id = await started(stack)
+    paused = await reaches(stack, operation_id, pb.MERGE_STATUS_PAUSED)
+    assert paused.progress.error_code == error_code_pb2.PROVIDER_UNAVAILABLE
+    assert (paused.progress.progress.completed_units, paused.progress.progress.known_units) == (1, 3)
+
+    await stack.stub.ResumeMerge(
+        api.ResumeMergeRequest(
+            operation_id=operation_id, expected_epoch=paused.progress.run_epoch, model="other-model"
+        ),
+        metadata=stack.user(),
+    )
+    await reaches(stack, operation_id, pb.MERGE_STATUS_COMPLETED)
+
+    units = await rows(
+        stack, "SELECT unit_id, model FROM session_merge_units WHERE operation_id = :o ORDER BY unit_id", o=operation_id
+    )
+    assert [model for _, model in units][1:] == ["other-model", "other-model"]
+    assert units[0][1] != "other-model"
+    assert (pipeline.calls["unit-0"], pipeline.calls["unit-1"]) == (1, 2)
+    attempts = await rows(
+        stack,
+        "SELECT outcome FROM session_merge_attempts WHERE operation_id = :o AND unit_id = 'unit-1' ORDER BY start_ms",
+        o=operation_id,
+    )
+    assert attempts == [("error",), ("completed",)]
+
+
+async def test_a_unit_that_does_not_fit_is_split_and_its_halves_run_in_its_place(
+    stack: MergeStack, pipeline: ScriptedPipeline
+) -> None:
+    pipeline.splits.add("unit-1")
+    operation_id = await started(stack)
+
+    done = await reaches(stack, operation_id, pb.MERGE_STATUS_COMPLETED)
+
+    assert (done.progress.progress.completed_units, done.progress.progress.known_units) == (4, 4)
+    units = await rows(
+        stack,
+        "SELECT unit_id, state, input_json FROM session_merge_units WHERE operation_id = :o ORDER BY ordinal, unit_id",
+        o=operation_id,
+    )
+    assert [(unit_id, state) for unit_id, state, _ in units] == [
+        ("unit-0", "completed"),
+        ("unit-1", "split"),
+        ("unit-1.0", "completed"),
+        ("unit-1.1", "completed"),
+        ("unit-2", "completed"),
+    ]
+    assert '"childUnitIds":["unit-1.0","unit-1.1"]' in str(units[1][2])
+    ready = json.loads((stack.settings.resolved_package_root() / operation_id / "handoff" / "ready.json").read_text())
+    assert list(ready) == ["unit-0.json", "unit-1.0.json", "unit-1.1.json", "unit-2.json"]
