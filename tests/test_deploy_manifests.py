@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings
 from continuum_cli.main import build_parser
 from continuum_compaction.settings import CompactionSettings
 from continuum_gateway.settings import GatewaySettings
+from continuum_merge.settings import MergeSettings
 from continuum_transcript.settings import TranscriptSettings
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
@@ -23,10 +24,11 @@ K8S = DEPLOY / "k8s"
 SETTINGS: dict[str, type[BaseSettings]] = {
     "TRANSCRIPT_": TranscriptSettings,
     "COMPACTION_": CompactionSettings,
+    "MERGE_": MergeSettings,
     "GATEWAY_": GatewaySettings,
 }
 # The gRPC services: each signs its page tokens with `<PREFIX>PAGE_TOKEN_SECRET`.
-SERVICES = {"transcript": "TRANSCRIPT_", "compaction": "COMPACTION_"}
+SERVICES = {"transcript": "TRANSCRIPT_", "compaction": "COMPACTION_", "merge": "MERGE_"}
 # How a manifest documents the keys of a Secret a container reads whole (envFrom).
 SECRET_KEYS = re.compile(r"^# Secret (\S+) keys: (.+)$", re.MULTILINE)
 
@@ -124,9 +126,13 @@ def test_every_address_names_a_service_port() -> None:
         for variable in container.get("env", [])
         if variable["name"].endswith("_ADDRESS")
     }
-    assert {"GATEWAY_TRANSCRIPT_ADDRESS", "GATEWAY_COMPACTION_ADDRESS", "COMPACTION_TRANSCRIPT_ADDRESS"} <= set(
-        addresses
-    )
+    assert {
+        "GATEWAY_TRANSCRIPT_ADDRESS",
+        "GATEWAY_COMPACTION_ADDRESS",
+        "GATEWAY_MERGE_ADDRESS",
+        "COMPACTION_TRANSCRIPT_ADDRESS",
+        "MERGE_TRANSCRIPT_ADDRESS",
+    } <= set(addresses)
     for name, address in addresses.items():
         host, _, port = address.rpartition(":")
         assert int(port) in services.get(host, set()), f"{name}={address} is no Service port"
@@ -151,7 +157,7 @@ def test_every_deployment_listens_on_its_container_port_on_every_interface() -> 
 def test_every_migrating_service_has_a_migration_job_and_does_not_migrate_on_start() -> None:
     jobs = [c["command"] for d in _named("Job").values() for c in _containers(d)]
     image = (DEPLOY / "Dockerfile").read_text()
-    for service in ("transcript", "compaction"):
+    for service in ("transcript", "compaction", "merge"):
         assert ["continuum", "migrate", service] in jobs
         # The Job migrates; replicas starting together must not race to do it too.
         assert f"{service.upper()}_MIGRATE_ON_START=false" in image
@@ -169,17 +175,18 @@ def test_compaction_cleanup_runs_daily_alone() -> None:
     assert {"COMPACTION_DATABASE_URL", "COMPACTION_SERVICE_TOKEN", "COMPACTION_TRANSCRIPT_ADDRESS"} <= set(env)
 
 
-def test_compaction_secrets_come_from_secrets() -> None:
+def test_service_secrets_come_from_secrets() -> None:
     for document in _documents():
         for container in _containers(document):
             for variable in container.get("env", []):
                 if variable["name"].endswith(("_DATABASE_URL", "_SERVICE_TOKEN", "_API_KEY", "_PAGE_TOKEN_SECRET")):
                     assert "value" not in variable, variable["name"]
                     assert variable["valueFrom"]["secretKeyRef"]["name"], variable["name"]
-    [deployment] = [c for c in _containers(_named("Deployment")["compaction"])]
-    token = next(v for v in deployment["env"] if v["name"] == "COMPACTION_SERVICE_TOKEN")
-    # The one service token: transcript's, which compaction presents to it.
-    assert token["valueFrom"]["secretKeyRef"] == {"name": "transcript", "key": "TRANSCRIPT_SERVICE_TOKEN"}
+    for name, prefix in (("compaction", "COMPACTION_"), ("merge", "MERGE_")):
+        [deployment] = _containers(_named("Deployment")[name])
+        token = next(v for v in deployment["env"] if v["name"] == f"{prefix}SERVICE_TOKEN")
+        # The one service token: transcript's, which the service presents to it.
+        assert token["valueFrom"]["secretKeyRef"] == {"name": "transcript", "key": "TRANSCRIPT_SERVICE_TOKEN"}
 
 
 def test_every_secret_read_whole_has_its_keys_documented() -> None:
@@ -206,3 +213,26 @@ def test_transcript_runs_one_replica_and_never_two_during_a_rollout() -> None:
 
     assert transcript["replicas"] == 1
     assert transcript["strategy"] == {"type": "Recreate"}
+
+
+def test_every_merge_replica_leases_operations_under_its_pod_name() -> None:
+    merge = _named("Deployment")["merge"]
+    [container] = _containers(merge)
+    # Replicas take each other's operations over, each naming its leases by its pod.
+    assert merge["spec"]["replicas"] > 1
+    instance = next(v for v in container["env"] if v["name"] == "MERGE_INSTANCE_ID")
+    assert instance["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+
+
+def test_merge_replicas_and_its_cleanup_share_one_package_volume() -> None:
+    claims = _named("PersistentVolumeClaim")
+    assert claims["merge-packages"]["spec"]["accessModes"] == ["ReadWriteMany"]
+    for document in (_named("Deployment")["merge"], _named("CronJob")["merge-cleanup"]):
+        volumes = {v["name"]: v for v in _pod_spec(document)["volumes"]}
+        assert volumes["packages"]["persistentVolumeClaim"] == {"claimName": "merge-packages"}
+        [container] = _containers(document)
+        env = {v["name"]: v.get("value") for v in container["env"]}
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert env["MERGE_PACKAGE_ROOT"].startswith(mounts["packages"] + "/")
+    [cleanup] = _containers(_named("CronJob")["merge-cleanup"])
+    assert cleanup["command"] == ["python", "-m", "continuum_merge", "cleanup"]

@@ -24,7 +24,7 @@ from continuum_runtime.auth import call_metadata
 pytestmark = pytest.mark.e2e
 
 CONTINUUM = Path(sys.executable).parent / "continuum"
-COMPONENTS = ("transcript", "compaction", "gateway")
+COMPONENTS = ("transcript", "compaction", "merge", "gateway")
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
 COMMAND_TIMEOUT = 60.0
@@ -35,7 +35,7 @@ def newcomer_env() -> dict[str, str]:
     return {
         key: value
         for key, value in os.environ.items()
-        if not key.startswith(("TRANSCRIPT_", "COMPACTION_", "GATEWAY_", "CONTINUUM_"))
+        if not key.startswith(("TRANSCRIPT_", "COMPACTION_", "MERGE_", "GATEWAY_", "CONTINUUM_"))
     }
 
 
@@ -157,7 +157,7 @@ def create_session(client: httpx.Client, title: str, texts: tuple[str, ...] = ()
     return session_id
 
 
-def test_up_serves_sessions_messages_and_compaction_and_stops_on_ctrl_c(run: Run) -> None:
+def test_up_serves_sessions_messages_compaction_and_merges_and_stops_on_ctrl_c(run: Run) -> None:
     with run.gateway() as client:
         assert (run.data_dir / "dev-token").stat().st_mode & 0o777 == 0o600
 
@@ -175,10 +175,39 @@ def test_up_serves_sessions_messages_and_compaction_and_stops_on_ctrl_c(run: Run
         # The gateway reaches compaction, which reaches transcript for the session's owner.
         summary = client.get(f"/v1/sessions/{session_id}/compaction")
         compacted = client.post(f"/v1/sessions/{session_id}/compaction:compactNow")
+        # The gateway reaches merge, which claims both sessions through transcript.
+        capabilities = client.get("/v1/capabilities")
+        other = create_session(client, "e2e other", ("third",))
+        merge_request = {"sourceSessionIds": [session_id, other], "primarySessionId": session_id}
+        started = client.post("/v1/session-merges", json={**merge_request, "idempotencyKey": "e2e-merge"})
+        location = started.headers.get("Location", "/v1/session-merges/none")
+        read = client.get(location)
+        # Merge's worker runs it through the real stages (the offline provider) to a published target.
+
+        def completed() -> bool:
+            status = client.get(location).json()["operation"]["progress"]["status"]
+            assert status in ("MERGE_STATUS_PREPARING", "MERGE_STATUS_COMPLETED"), status
+            return bool(status == "MERGE_STATUS_COMPLETED")
+
+        wait_for(completed, what="the merge completed", seconds=START_TIMEOUT, diagnostics=run.diagnostics)
+        done = client.get(location).json()["operation"]["progress"]
+        target = client.get(f"/v1/sessions/{done['targetSessionId']}")
 
     assert (summary.status_code, summary.json()) == (httpx.codes.OK, {"data": None}), summary.text
     assert compacted.status_code == httpx.codes.OK, compacted.text
     assert compacted.json()["state"] == "COMPACT_NOW_STATE_COMPLETED"
+
+    assert "merge-v2" in capabilities.json()["capabilities"], capabilities.text
+    assert started.status_code == httpx.codes.CREATED, started.text
+    operation_id = started.json()["operation"]["progress"]["operationId"]
+    assert read.status_code == httpx.codes.OK, read.text
+    assert read.json()["operation"]["progress"]["operationId"] == operation_id
+    assert read.json()["operation"]["parameters"]["sourceSessionIds"] == [session_id, other]
+    assert target.json()["session"]["kind"] == "SESSION_KIND_MERGED", target.text
+    # Its package is in the data dir, private like everything there.
+    package = run.data_dir / "merge-packages" / operation_id
+    assert (package / "snapshot" / "seal.json").exists(), run.diagnostics()
+    assert {path.stat().st_mode & 0o777 for path in package.rglob("*")} <= {0o600, 0o700}
 
     assert listed.status_code == httpx.codes.OK, listed.text
     messages = listed.json()["messages"]
@@ -217,8 +246,9 @@ def test_everything_up_and_its_services_keep_in_the_data_dir_is_private(run: Run
     }
 
     # What the supervisor writes, and what each service writes itself (databases, attachments, port files).
-    expected = {"dev-token", "service-token", "page-token-secret", "transcript.db", "compaction.db"}
-    expected |= {"attachments", "logs/transcript.log", "run/transcript.port", "run/gateway.port"}
+    expected = {"dev-token", "service-token", "page-token-secret", "transcript.db", "compaction.db", "merge.db"}
+    expected |= {"attachments", "logs/transcript.log", "logs/merge.log", "run/transcript.port", "run/merge.port"}
+    expected |= {"run/gateway.port"}
     assert expected <= set(modes), sorted(modes)
     assert [path for path in modes if path.startswith("attachments/") and modes[path] == 0o600]
     assert {path: mode for path, mode in modes.items() if mode not in (0o600, 0o700)} == {}
@@ -257,10 +287,13 @@ def test_an_operator_follows_and_cleans_up_what_up_started_with_no_token_exporte
         doomed = create_session(client, "doomed")
         assert client.delete(f"/v1/sessions/{doomed}").is_success
 
-    # What `up` prints is what works from the checkout: its data dir is the default one.
+    # What `up` prints is what works from the checkout: its data dir is the default one. It prints once
+    # its own readiness check of the gateway passed, which may come after the client's.
+    wait_for_output(run.output, "Press Ctrl-C to stop.", run)
     printed = run.output.read_text().splitlines()
     assert f"  {CONTINUUM} follow <session-id>" in printed, run.diagnostics()
     assert f"  {CONTINUUM} cleanup compaction" in printed, run.diagnostics()
+    assert f"  {CONTINUUM} cleanup merge" in printed, run.diagnostics()
     # From the checkout (default ./.continuum), with --data-dir, and with $CONTINUUM_DATA_DIR.
     followers = [
         operator_command(run, ["follow", session_id], cwd=run.checkout),
@@ -278,6 +311,10 @@ def test_an_operator_follows_and_cleans_up_what_up_started_with_no_token_exporte
     assert run.operator_processes[-1].wait(timeout=COMMAND_TIMEOUT) == 0, cleanup.read_text() + run.diagnostics()
     # It reached transcript with the run's token and found the deleted session's event.
     assert "checked 1 deleted-session event(s)" in cleanup.read_text()
+    # Merge's reconcile reads the run's database and package root, and reaches transcript the same way.
+    merge_cleanup = operator_command(run, ["cleanup", "merge", "--data-dir", str(run.data_dir)], cwd=elsewhere)
+    assert run.operator_processes[-1].wait(timeout=COMMAND_TIMEOUT) == 0, merge_cleanup.read_text() + run.diagnostics()
+    assert "checked 0 package(s); removed 0" in merge_cleanup.read_text()
     run.stop()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 
 class Protocol(enum.Enum):
@@ -20,8 +21,9 @@ class Component:
 
     Each component receives `<P>DATA_DIR`, `<P>HOST`, `<P>PORT` and `<P>SERVICE_TOKEN`, plus
     `<P><DEP>_ADDRESS` ("127.0.0.1:<port>") for every name in `depends_on`, `<P>DEV_TOKEN` when
-    `dev_token` is set and `<P>PAGE_TOKEN_SECRET` when `signs_page_tokens` is set. It publishes its
-    bound port in `<data_dir>/run/<name>.port`.
+    `dev_token` is set, `<P>PAGE_TOKEN_SECRET` when `signs_page_tokens` is set, and `<P><SETTING>`
+    = `<data_dir>/<directory>` for every (setting, directory) of `data_directories`. It publishes
+    its bound port in `<data_dir>/run/<name>.port`.
     """
 
     name: str
@@ -39,6 +41,8 @@ class Component:
     migrates: bool = False
     # `python -m <module> cleanup` exists (what `continuum cleanup <name>` runs).
     cleans_up: bool = False
+    # Settings naming a directory the component keeps inside the data dir: (setting, directory name).
+    data_directories: tuple[tuple[str, str], ...] = ()
 
     @property
     def module(self) -> str:
@@ -52,6 +56,10 @@ class Component:
     def address_variable(self, dependency: str) -> str:
         """The environment variable holding the address of `dependency`: "TRANSCRIPT_ADDRESS" with prefix."""
         return self.variable(f"{dependency.upper()}_ADDRESS")
+
+    def directory_env(self, data_dir: Path) -> dict[str, str]:
+        """The variables placing its `data_directories` inside `data_dir`."""
+        return {self.variable(setting): str(data_dir / name) for setting, name in self.data_directories}
 
 
 # Started in this order, stopped in the reverse order; a component may only depend on earlier ones.
@@ -75,10 +83,22 @@ COMPONENTS: tuple[Component, ...] = (
         cleans_up=True,
     ),
     Component(
+        "merge",
+        ("continuum_merge", "serve"),
+        "MERGE_",
+        depends_on=("transcript",),
+        default_port=50153,
+        signs_page_tokens=True,
+        migrates=True,
+        cleans_up=True,
+        # The sealed packages of its operations (`<package root>/<operation id>/`).
+        data_directories=(("PACKAGE_ROOT", "merge-packages"),),
+    ),
+    Component(
         "gateway",
         ("continuum_gateway",),
         "GATEWAY_",
-        depends_on=("transcript", "compaction"),
+        depends_on=("transcript", "compaction", "merge"),
         protocol=Protocol.HTTP,
         default_port=8080,
         dev_token=True,

@@ -31,11 +31,12 @@ def cleanup(component: Component, data_dir: Path) -> int:
 def local_env(component: Component, data_dir: Path, environ: Mapping[str, str]) -> dict[str, str]:
     """`environ`, plus what `data_dir` tells about the local run there for the variables `environ` lacks.
 
-    The data dir supplies `<P>DATA_DIR`, and while `continuum up` runs there its service token,
-    page-token secret and the addresses of the component's dependencies. A variable the operator set
+    The data dir supplies `<P>DATA_DIR` and the component's directories in it, and while `continuum
+    up` runs there its service token, page-token secret and the addresses of the component's
+    dependencies. A variable the operator set
     wins, so the same command serves a deployment configured only by its environment.
     """
-    supplied = {component.variable("DATA_DIR"): str(data_dir.resolve())}
+    supplied = {component.variable("DATA_DIR"): str(data_dir.resolve()), **component.directory_env(data_dir.resolve())}
     service_token = read_token(data_dir / SERVICE_TOKEN_FILE)
     if service_token is not None:
         supplied[component.variable("SERVICE_TOKEN")] = service_token

@@ -74,6 +74,7 @@ def component_env(
         component.variable("HOST"): LOCAL_HOST,
         component.variable("PORT"): str(port),
         component.variable("SERVICE_TOKEN"): service_token,
+        **component.directory_env(data_dir),
     }
     for dependency in component.depends_on:
         env[component.address_variable(dependency)] = addresses[dependency]

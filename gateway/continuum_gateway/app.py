@@ -27,6 +27,7 @@ from continuum_gateway import (
     follow,
     follow_hub,
     health,
+    merges,
     messages,
     openapi,
     outline,
@@ -68,11 +69,13 @@ def create_app(settings: GatewaySettings) -> Starlette:
 
     routes: list[BaseRoute] = [
         *health.ROUTES,
-        *capabilities.ROUTES,
+        *capabilities.routes(settings),
         *sessions.ROUTES,
         *messages.ROUTES,
         *outline.ROUTES,
         *compaction.ROUTES,
+        # Only a gateway with a merge service serves its routes (and advertises `merge-v2`).
+        *(merges.ROUTES if settings.merge_address else []),
         *follow.routes(settings),
     ]
     api = openapi.ApiDocument(lambda: routes, ProtoComments.load())

@@ -1,6 +1,6 @@
 """The protocol capabilities the gateway speaks, and the route advertising them.
 
-GET /v1/capabilities   200 {"capabilities": ["transcript-v2", "history-outline-v1", "compaction-v1"]}
+GET /v1/capabilities   200 {"capabilities": ["transcript-v2", "history-outline-v1", "compaction-v1", "merge-v2"]}
 
 ``transcript-v2``       the Follow WebSocket (`continuum_gateway.follow`); a browser must name it in
                         its hello, and one that does not is refused with UPGRADE_REQUIRED.
@@ -8,6 +8,8 @@ GET /v1/capabilities   200 {"capabilities": ["transcript-v2", "history-outline-v
                         ``"status": "unsupported"`` unless the browser advertises it.
 ``compaction-v1``       the compaction routes (`continuum_gateway.compaction`): the session's summary,
                         its compaction events, and ``:compactNow``.
+``merge-v2``            the session merge routes (`continuum_gateway.merges`); advertised (and
+                        served) only when the gateway has a merge address.
 
 The names are the `wire_name`s of continuum.capability.v1.Capability. Like every route outside the
 probes, it needs a bearer token.
@@ -19,28 +21,35 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from continuum_gateway.proto_schema import JsonSchema, SchemaBuilder
-from continuum_gateway.routing import Operation, resource
-from continuum_runtime.capabilities import COMPACTION_V1, HISTORY_OUTLINE_V1, TRANSCRIPT_V2
-
-ADVERTISED = (TRANSCRIPT_V2, HISTORY_OUTLINE_V1, COMPACTION_V1)
-
-
-async def list_capabilities(request: Request) -> Response:
-    """Every capability the gateway (and the services behind it) support."""
-    return JSONResponse({"capabilities": list(ADVERTISED)})
+from continuum_gateway.routing import Operation, Resource, resource
+from continuum_gateway.settings import GatewaySettings
+from continuum_runtime.capabilities import COMPACTION_V1, HISTORY_OUTLINE_V1, MERGE_V2, TRANSCRIPT_V2
 
 
-def capabilities_schema(schemas: SchemaBuilder) -> JsonSchema:
-    """What `list_capabilities` answers."""
-    names = {"type": "string", "enum": list(ADVERTISED)}
-    return {
-        "type": "object",
-        "properties": {"capabilities": {"type": "array", "items": names}},
-        "required": ["capabilities"],
-        "additionalProperties": False,
-    }
+def advertised(settings: GatewaySettings) -> tuple[str, ...]:
+    """Every capability a gateway with `settings` (and the services behind it) supports."""
+    return (TRANSCRIPT_V2, HISTORY_OUTLINE_V1, COMPACTION_V1, *((MERGE_V2,) if settings.merge_address else ()))
 
 
-ROUTES = [
-    resource("/v1/capabilities", "capabilities", {"GET": Operation(list_capabilities, response=capabilities_schema)})
-]
+def routes(settings: GatewaySettings) -> list[Resource]:
+    """The capabilities route of a gateway with `settings`."""
+    names = advertised(settings)
+
+    async def list_capabilities(request: Request) -> Response:
+        """Every capability the gateway (and the services behind it) support."""
+        return JSONResponse({"capabilities": list(names)})
+
+    def capabilities_schema(schemas: SchemaBuilder) -> JsonSchema:
+        """What `list_capabilities` answers."""
+        return {
+            "type": "object",
+            "properties": {"capabilities": {"type": "array", "items": {"type": "string", "enum": list(names)}}},
+            "required": ["capabilities"],
+            "additionalProperties": False,
+        }
+
+    return [
+        resource(
+            "/v1/capabilities", "capabilities", {"GET": Operation(list_capabilities, response=capabilities_schema)}
+        )
+    ]

@@ -44,6 +44,11 @@ A few refusals are more precise than their code (`REASON_HTTP_STATUS`): reason U
 and close code 4426; REQUEST_TOO_LARGE (INVALID_ARGUMENT) is 413; REQUEST_TIMEOUT
 (DEADLINE_EXCEEDED: the client's body stalled) is 408; METHOD_NOT_ALLOWED (UNIMPLEMENTED) is 405.
 
+A service's conflict may carry a resource as a further status detail: a merge conflict carries the
+merge operation as it stands after the refusal. The details of the types in `RELAYED_DETAILS` are
+relayed into ``details`` in the proto3 JSON mapping of `google.protobuf.Any` (``"@type"`` then the
+message's fields); any other detail is dropped.
+
 A BadRequest relayed from a service names fields by proto name (``page_token``); the gateway names
 them as the HTTP request spelled them (`UpstreamError.field_name`, set by the route: ``pageToken``,
 a path parameter by its route name).
@@ -57,11 +62,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import grpc
+from google.protobuf import any_pb2, json_format
+from google.protobuf.message import Message
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ExceptionHandler
 
+from continuum.merge.v1 import resources_pb2 as merge_resources
 from continuum_runtime.errors import FieldViolation, error_details
 
 logger = logging.getLogger("continuum.gateway")
@@ -69,6 +77,12 @@ logger = logging.getLogger("continuum.gateway")
 DOMAIN = "gateway.continuum"
 ERROR_INFO_TYPE = "type.googleapis.com/google.rpc.ErrorInfo"
 BAD_REQUEST_TYPE = "type.googleapis.com/google.rpc.BadRequest"
+TYPE_URL_PREFIX = "type.googleapis.com/"
+# Status details a service may attach beside ErrorInfo and BadRequest that the gateway relays, by
+# their full proto name. Anything else a status carries stays inside the gateway.
+RELAYED_DETAILS: Mapping[str, type[Message]] = {
+    merge_resources.MergeOperation.DESCRIPTOR.full_name: merge_resources.MergeOperation,
+}
 
 # Google's canonical mapping (google/rpc/code.proto). The only place a gRPC code meets HTTP.
 HTTP_STATUS: Mapping[grpc.StatusCode, int] = {
@@ -207,8 +221,10 @@ def error_body(
     domain: str = "",
     metadata: Mapping[str, str] | None = None,
     violations: list[FieldViolation] | None = None,
+    resources: list[Message] | None = None,
 ) -> dict[str, Any]:
-    """The AIP-193 JSON body: HTTP code, gRPC code name, message, ErrorInfo and BadRequest details."""
+    """The AIP-193 JSON body: HTTP code, gRPC code name, message, ErrorInfo and BadRequest details,
+    then `resources` (a conflict's latest state), each as a JSON `Any`."""
     details: list[dict[str, Any]] = []
     if reason:
         details.append({"@type": ERROR_INFO_TYPE, "reason": reason, "domain": domain, "metadata": dict(metadata or {})})
@@ -219,6 +235,9 @@ def error_body(
                 "fieldViolations": [{"field": v.field, "description": v.description} for v in violations],
             }
         )
+    for resource in resources or []:
+        fields = json_format.MessageToDict(resource, always_print_fields_with_no_presence=True)
+        details.append({"@type": TYPE_URL_PREFIX + resource.DESCRIPTOR.full_name, **fields})
     return {
         "error": {
             "code": http_status if http_status is not None else http_status_for(code, reason),
@@ -302,6 +321,7 @@ def upstream_error_body(failure: UpstreamError) -> dict[str, Any]:
             domain=details.domain,
             metadata=details.metadata,
             violations=violations,
+            resources=_relayed(details.others),
         )
     logger.warning("upstream call failed", extra={"upstream": upstream, "code": details.code.name})
     if details.code == grpc.StatusCode.UNAVAILABLE:
@@ -323,6 +343,18 @@ def upstream_error_body(failure: UpstreamError) -> dict[str, Any]:
     else:
         message, reason = f"{upstream} refused the call", "UPSTREAM_REFUSED"
     return error_body(details.code, message, reason=reason, domain=DOMAIN, metadata={"upstream": upstream})
+
+
+def _relayed(others: tuple[any_pb2.Any, ...]) -> list[Message]:
+    """The details of `others` (packed `Any`s) whose types the gateway relays, unpacked."""
+    relayed = []
+    for packed in others:
+        kind = RELAYED_DETAILS.get(packed.TypeName())
+        if kind is not None:
+            message = kind()
+            if packed.Unpack(message):
+                relayed.append(message)
+    return relayed
 
 
 def _http_exception_error(exc: HTTPException) -> GatewayError:

@@ -29,9 +29,10 @@ from starlette.routing import BaseRoute, WebSocketRoute
 
 from continuum.compaction.v1 import error_reason_pb2 as compaction_reasons
 from continuum.gateway.v1 import error_reason_pb2 as gateway_reasons
+from continuum.merge.v1 import error_reason_pb2 as merge_reasons
 from continuum.transcript.v1 import error_reason_pb2 as transcript_reasons
 from continuum.transcript.v1 import follow_pb2, transcript_service_pb2
-from continuum_gateway.errors import BAD_REQUEST_TYPE, DOMAIN, ERROR_INFO_TYPE
+from continuum_gateway.errors import BAD_REQUEST_TYPE, DOMAIN, ERROR_INFO_TYPE, RELAYED_DETAILS, TYPE_URL_PREFIX
 from continuum_gateway.field_paths import proto_name
 from continuum_gateway.follow import FOLLOW_SUBPROTOCOL, MAX_CAPABILITIES, MAX_CAPABILITY_LENGTH
 from continuum_gateway.proto_comments import ProtoComments
@@ -53,7 +54,7 @@ _JSON = "application/json"
 _ERROR_REF = {"$ref": f"#/components/schemas/{ERROR}"}
 
 _INTRODUCTION = """\
-HTTP and WebSocket access to Continuum sessions: their messages, compaction and live transcript.
+HTTP and WebSocket access to Continuum sessions: their messages, compaction, merges and live transcript.
 
 **Authentication.** Every route but the probes and this reference needs `Authorization: Bearer
 <token>`; the token stands for one user, and the services decide what that user may read.
@@ -66,9 +67,10 @@ parameters are refused.
 
 **Errors** are AIP-193 bodies (the `Error` schema): `code` is the HTTP status, `status` the gRPC code
 name, and `details` hold an `ErrorInfo` (its `reason` is the machine code, its `domain` says who
-refused: `gateway.continuum`, `transcript.continuum` or `compaction.continuum`) and, for a malformed
-request, a `BadRequest` whose `fieldViolations` name each field as the request spelled it (a path
-parameter by its name in the route).
+refused: `gateway.continuum`, `transcript.continuum`, `compaction.continuum` or `merge.continuum`)
+and, for a malformed request, a `BadRequest` whose `fieldViolations` name each field as the request
+spelled it (a path parameter by its name in the route). A merge conflict also carries the merge
+operation as it stands (`@type` `type.googleapis.com/continuum.merge.v1.MergeOperation`).
 
 **Pages.** List routes take `pageSize` and `pageToken` and answer `nextPageToken` (empty on the last
 page); a token is only good for the same route and parameters.
@@ -133,8 +135,14 @@ def document(app_routes: Sequence[BaseRoute], comments: ProtoComments) -> dict[s
             paths[route.path] = _follow(route, schemas)
     reasons = [
         schemas.enum(enum.DESCRIPTOR)
-        for enum in (gateway_reasons.ErrorReason, transcript_reasons.ErrorReason, compaction_reasons.ErrorReason)
+        for enum in (
+            gateway_reasons.ErrorReason,
+            transcript_reasons.ErrorReason,
+            compaction_reasons.ErrorReason,
+            merge_reasons.ErrorReason,
+        )
     ]
+    relayed = [_relayed_detail(descriptor_of(kind), schemas) for kind in RELAYED_DETAILS.values()]
     return {
         "openapi": "3.1.0",
         "info": {"title": "Continuum gateway", "version": "v1", "description": _INTRODUCTION},
@@ -149,7 +157,7 @@ def document(app_routes: Sequence[BaseRoute], comments: ProtoComments) -> dict[s
                     "required": ["error"],
                     "additionalProperties": False,
                 },
-                ERROR_STATUS: _error_status_schema(reasons),
+                ERROR_STATUS: _error_status_schema(reasons, relayed),
             },
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
@@ -254,7 +262,7 @@ def _responses(operation: Operation, schemas: SchemaBuilder) -> dict[str, Any]:
     }
     for status, description in operation.statuses.items():
         response: dict[str, Any] = {"description": description}
-        if content:
+        if content and status != 204:
             response["content"] = content
         if headers:
             response["headers"] = headers
@@ -290,7 +298,16 @@ def _errors(operation: Operation) -> dict[int, str]:
     return dict(sorted(errors.items()))
 
 
-def _error_status_schema(reasons: list[JsonSchema]) -> JsonSchema:
+def _relayed_detail(descriptor: Descriptor, schemas: SchemaBuilder) -> JsonSchema:
+    """A resource a service attaches to its refusal, as a JSON `Any`: its fields and its ``@type``."""
+    schemas.message(descriptor, Direction.OUTPUT)
+    detail = copy.deepcopy(schemas.components[component_name(descriptor, Direction.OUTPUT)])
+    detail["properties"] = {"@type": {"const": TYPE_URL_PREFIX + descriptor.full_name}, **detail["properties"]}
+    detail["required"] = ["@type", *detail.get("required", [])]
+    return detail
+
+
+def _error_status_schema(reasons: list[JsonSchema], relayed: list[JsonSchema]) -> JsonSchema:
     error_info = {
         "type": "object",
         "properties": {
@@ -325,7 +342,7 @@ def _error_status_schema(reasons: list[JsonSchema]) -> JsonSchema:
             "code": {"type": "integer", "description": "The HTTP status."},
             "status": {"type": "string", "enum": [code.name for code in grpc.StatusCode]},
             "message": {"type": "string"},
-            "details": {"type": "array", "items": {"anyOf": [error_info, bad_request]}},
+            "details": {"type": "array", "items": {"anyOf": [error_info, bad_request, *relayed]}},
         },
         "required": ["code", "status", "message", "details"],
         "additionalProperties": False,

@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from starlette.requests import HTTPConnection, Request
 
 from continuum.compaction.v1 import compaction_service_pb2, compaction_service_pb2_grpc
+from continuum.merge.v1 import merge_service_pb2, merge_service_pb2_grpc
 from continuum.transcript.v1 import transcript_service_pb2, transcript_service_pb2_grpc
 from continuum_gateway.auth import acting_user
 from continuum_gateway.errors import UpstreamError
@@ -32,6 +33,8 @@ TRANSCRIPT = "transcript"
 TRANSCRIPT_SERVICE = transcript_service_pb2.DESCRIPTOR.services_by_name["TranscriptService"].full_name
 COMPACTION = "compaction"
 COMPACTION_SERVICE = compaction_service_pb2.DESCRIPTOR.services_by_name["CompactionService"].full_name
+MERGE = "merge"
+MERGE_SERVICE = merge_service_pb2.DESCRIPTOR.services_by_name["MergeService"].full_name
 # Key of the lifespan state entry holding the `Upstreams`.
 STATE_KEY = "upstreams"
 # The health service's name for a ready upstream.
@@ -39,7 +42,7 @@ SERVING = "SERVING"
 
 
 class Upstreams:
-    """Stubs of every service the gateway calls, over channels it owns."""
+    """Stubs of every service the gateway calls, over channels it owns (merge only when configured)."""
 
     def __init__(self, settings: GatewaySettings) -> None:
         self._transcript_channel = open_channel(settings.transcript_address, settings.grpc_max_message_bytes)
@@ -48,6 +51,15 @@ class Upstreams:
         self._compaction_channel = open_channel(settings.compaction_address, settings.grpc_max_message_bytes)
         self.compaction = compaction_service_pb2_grpc.CompactionServiceStub(self._compaction_channel)
         self._compaction_health = health_pb2_grpc.HealthStub(self._compaction_channel)
+        self._merge_channel = (
+            open_channel(settings.merge_address, settings.grpc_max_message_bytes) if settings.merge_address else None
+        )
+        self.merge = (
+            merge_service_pb2_grpc.MergeServiceStub(self._merge_channel) if self._merge_channel is not None else None
+        )
+        self._merge_health = (
+            health_pb2_grpc.HealthStub(self._merge_channel) if self._merge_channel is not None else None
+        )
         self._service_token = settings.service_token
         self._timeout = settings.upstream_timeout_seconds
         self._readiness_timeout = settings.readiness_timeout_seconds
@@ -71,6 +83,13 @@ class Upstreams:
         A failed call raises `UpstreamError`, which the app turns into the matching HTTP error.
         """
         return await self._call(COMPACTION, rpc, request, user)
+
+    async def call_merge(self, rpc: Callable[..., Awaitable[Any]], request: Message, *, user: str) -> Any:
+        """Call a merge RPC (e.g. ``upstreams.merge.StartMerge``) on behalf of `user`.
+
+        A failed call raises `UpstreamError`, which the app turns into the matching HTTP error.
+        """
+        return await self._call(MERGE, rpc, request, user)
 
     async def _call(self, upstream: str, rpc: Callable[..., Awaitable[Any]], request: Message, user: str) -> Any:
         metadata = call_metadata(self._service_token.get_secret_value(), user)
@@ -115,13 +134,16 @@ class Upstreams:
         Values are the health service's names ("SERVING", "NOT_SERVING", ...), or the gRPC code name
         of the failed check (e.g. "UNAVAILABLE" when nothing listens, "DEADLINE_EXCEEDED" when the
         check takes longer than the readiness timeout). The upstreams are checked concurrently, so
-        the answer takes at most one readiness timeout.
+        the answer takes at most one readiness timeout. Merge is one of them only when configured.
         """
-        transcript, compaction = await asyncio.gather(
-            self._check(self._transcript_health, TRANSCRIPT_SERVICE),
-            self._check(self._compaction_health, COMPACTION_SERVICE),
-        )
-        return {TRANSCRIPT: transcript, COMPACTION: compaction}
+        checks = {
+            TRANSCRIPT: self._check(self._transcript_health, TRANSCRIPT_SERVICE),
+            COMPACTION: self._check(self._compaction_health, COMPACTION_SERVICE),
+        }
+        if self._merge_health is not None:
+            checks[MERGE] = self._check(self._merge_health, MERGE_SERVICE)
+        statuses = await asyncio.gather(*checks.values())
+        return dict(zip(checks, statuses, strict=True))
 
     async def _check(self, stub: health_pb2_grpc.HealthStub, service: str) -> str:
         request = health_pb2.HealthCheckRequest(service=service)
@@ -135,6 +157,8 @@ class Upstreams:
         """Close every channel; calls still in flight are cancelled."""
         await self._transcript_channel.close()
         await self._compaction_channel.close()
+        if self._merge_channel is not None:
+            await self._merge_channel.close()
 
 
 @asynccontextmanager
@@ -144,7 +168,11 @@ async def connect(settings: GatewaySettings) -> AsyncIterator[Upstreams]:
     upstreams = Upstreams(settings)
     logger.info(
         "upstreams configured",
-        extra={TRANSCRIPT: settings.transcript_address, COMPACTION: settings.compaction_address},
+        extra={
+            TRANSCRIPT: settings.transcript_address,
+            COMPACTION: settings.compaction_address,
+            MERGE: settings.merge_address or "not configured",
+        },
     )
     try:
         yield upstreams
@@ -191,3 +219,17 @@ async def call_compaction(request: Request, select: CompactionRpc, message: Mess
     """Call the compaction RPC `select` picks (e.g. ``lambda c: c.CompactNow``) for the request's user."""
     upstreams = upstreams_of(request)
     return await upstreams.call_compaction(select(upstreams.compaction), message, user=acting_user(request))
+
+
+MergeRpc = Callable[[merge_service_pb2_grpc.MergeServiceStub], Callable[..., Awaitable[Any]]]
+
+
+async def call_merge(request: Request, select: MergeRpc, message: Message) -> Any:
+    """Call the merge RPC `select` picks (e.g. ``lambda m: m.StartMerge``) for the request's user.
+
+    Only the merge routes call it, and the app has them only when a merge address is configured.
+    """
+    upstreams = upstreams_of(request)
+    if upstreams.merge is None:
+        raise RuntimeError("merge routes are served without a merge address")
+    return await upstreams.call_merge(select(upstreams.merge), message, user=acting_user(request))

@@ -1,4 +1,4 @@
-"""Gateway fixtures: real transcript and compaction servers on port 0 and in-process gateway clients."""
+"""Gateway fixtures: real transcript, compaction and merge servers on port 0 and in-process gateway clients."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from pydantic import SecretStr
 from continuum_compaction.server import start as start_compaction
 from continuum_compaction.settings import CompactionSettings
 from continuum_gateway.app import create_app
+from continuum_merge.server import start as start_merge
+from continuum_merge.settings import MergeSettings
 from continuum_runtime.server import GrpcService
 from continuum_transcript.server import start
 from continuum_transcript.settings import TranscriptSettings
@@ -70,6 +72,42 @@ async def compaction(transcript: GrpcService, tmp_path_factory: pytest.TempPathF
     )
     async with _running(start_compaction(settings)) as service:
         yield service
+
+
+@pytest.fixture(scope="module")
+async def merge(transcript: GrpcService, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[GrpcService]:
+    """A real merge service on its own embedded SQLite file, in front of `transcript`.
+
+    It answers the API only (no worker runs a started merge's stages), so an operation stays where
+    the API put it: what the route tests need, and deterministic. It does not watch transcript's
+    session events.
+    """
+    settings = MergeSettings(
+        data_dir=tmp_path_factory.mktemp("merge"),
+        database_url="",
+        port=0,
+        service_token=SecretStr(SERVICE_TOKEN),
+        transcript_address=f"127.0.0.1:{transcript.port}",
+        consume_session_events=False,
+        worker_enabled=False,
+    )
+    async with _running(start_merge(settings)) as service:
+        yield service
+
+
+@pytest.fixture(scope="module")
+async def merge_gateway(
+    transcript: GrpcService, compaction: GrpcService, merge: GrpcService, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A gateway client whose upstreams are the real transcript, compaction and merge services."""
+    settings = gateway_settings(
+        tmp_path_factory.mktemp("merge-gateway"),
+        f"127.0.0.1:{transcript.port}",
+        compaction_address=f"127.0.0.1:{compaction.port}",
+        merge_address=f"127.0.0.1:{merge.port}",
+    )
+    async with serving(create_app(settings)) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,10 @@ The examples run in document order against a live gateway (uvicorn) in front of 
 and compaction services, so ids come out as written. Each answer must have the documented status,
 headers and shape (`api_examples`), and its body must be valid under the OpenAPI document's schema
 for that route and status; so must the documented body itself.
+
+An id the services choose (a merge operation's) is taken from an answer's header: a documented
+header value holding ``$NAME`` (``Location: /v1/session-merges/$OPERATION_ID``) captures that part of
+the actual value, and later requests say ``$NAME`` (in the target, a header or the body) for it.
 """
 
 from __future__ import annotations
@@ -28,15 +32,21 @@ from continuum_gateway.follow import FOLLOW_SUBPROTOCOL
 from continuum_runtime.server import GrpcService
 
 EXAMPLES = examples(DOCS.read_text())
+_VARIABLE = re.compile(r"\\\$([A-Z_]+)")
 
 
 @pytest.fixture(scope="module")
 async def served(
-    transcript: GrpcService, compaction: GrpcService, tmp_path_factory: pytest.TempPathFactory
+    transcript: GrpcService, compaction: GrpcService, merge: GrpcService, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[LiveGateway]:
     """The gateway under uvicorn on a real socket, in front of the module's (empty) services."""
     data_dir = tmp_path_factory.mktemp("documented-gateway")
-    async with live_gateway(data_dir, transcript.port, compaction_address=f"127.0.0.1:{compaction.port}") as gateway:
+    async with live_gateway(
+        data_dir,
+        transcript.port,
+        compaction_address=f"127.0.0.1:{compaction.port}",
+        merge_address=f"127.0.0.1:{merge.port}",
+    ) as gateway:
         yield gateway
 
 
@@ -88,16 +98,37 @@ def _schema_errors(document: dict[str, Any], operation: tuple[str, str], status:
     return [f"{'/'.join(map(str, error.instance_path))}: {error.message}" for error in validator.iter_errors(body)]
 
 
-async def _run_http(client: httpx.AsyncClient, example: HttpExample) -> tuple[httpx.Response, list[str]]:
-    headers = {name: value.replace("$TOKEN", ALICE_TOKEN) for name, value in example.headers.items()}
+def _substituted(text: str, variables: dict[str, str]) -> str:
+    for name, value in variables.items():
+        text = text.replace(f"${name}", value)
+    return text
+
+
+def _captured(documented: str, actual: str | None, variables: dict[str, str]) -> bool:
+    """Whether `actual` matches the documented header value, whose ``$NAME`` parts it captures."""
+    pattern = _VARIABLE.sub(lambda match: f"(?P<{match.group(1)}>[^/?]+)", re.escape(documented))
+    found = re.fullmatch(pattern, actual or "")
+    if found is None:
+        return False
+    variables.update(found.groupdict())
+    return True
+
+
+async def _run_http(
+    client: httpx.AsyncClient, example: HttpExample, variables: dict[str, str]
+) -> tuple[httpx.Response, list[str]]:
+    headers = {name: _substituted(value, variables) for name, value in example.headers.items()}
     response = await client.request(
-        example.method, example.target, headers=headers, content=example.body.encode() or None
+        example.method,
+        _substituted(example.target, variables),
+        headers=headers,
+        content=_substituted(example.body, variables).encode() or None,
     )
     problems = []
     if response.status_code != example.status:
         problems.append(f"status {response.status_code}, documented {example.status}")
     for name, value in example.response_headers.items():
-        if response.headers.get(name) != value:
+        if not _captured(value, response.headers.get(name), variables):
             problems.append(f"header {name}: {response.headers.get(name)!r}, documented {value!r}")
     problems += body_differences(example.response_body, response.text)
     return response, problems
@@ -125,6 +156,7 @@ async def test_the_examples_hold(served: LiveGateway) -> None:
     document = await _document(served)
     operations = _operations(document)
     failures = []
+    variables = {"TOKEN": ALICE_TOKEN}
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}", timeout=30) as client:
         for example in EXAMPLES:
             if isinstance(example, WebSocketExample):
@@ -133,7 +165,7 @@ async def test_the_examples_hold(served: LiveGateway) -> None:
                     shown = "\n".join(json.dumps(m) for m in received)
                     failures.append(f"{example.label}:\n  " + "\n  ".join(problems) + f"\nreceived:\n{shown}")
                 continue
-            response, problems = await _run_http(client, example)
+            response, problems = await _run_http(client, example, variables)
             operation = _operation_of(operations, example.method, example.target)
             if response.headers.get("content-type") == "application/json":
                 problems += [

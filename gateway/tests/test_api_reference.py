@@ -21,8 +21,10 @@ from continuum_gateway.routing import Resource
 
 @pytest.fixture(scope="module")
 async def gateway(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx.AsyncClient]:
-    """A gateway whose upstreams are absent: the reference needs none."""
-    async with serving(create_app(gateway_settings(tmp_path_factory.mktemp("gw"), unused_address()))) as client:
+    """A gateway whose upstreams are absent: the reference needs none. With a merge address, so the
+    document has every route a gateway can serve."""
+    settings = gateway_settings(tmp_path_factory.mktemp("gw"), unused_address(), merge_address=unused_address())
+    async with serving(create_app(settings)) as client:
         yield client
 
 
@@ -42,7 +44,7 @@ def _component(document: dict[str, Any], name: str) -> dict[str, Any]:
 
 async def test_every_route_of_the_app_is_in_the_document(document: dict[str, Any], tmp_path: Path) -> None:
     assert document["openapi"] == "3.1.0"
-    app = create_app(gateway_settings(tmp_path, unused_address()))
+    app = create_app(gateway_settings(tmp_path, unused_address(), merge_address=unused_address()))
     routes = {
         (method.lower(), route.path)
         for route in app.routes
@@ -123,6 +125,30 @@ async def test_parameters_and_responses_are_described(document: dict[str, Any]) 
     assert document["paths"]["/healthz"]["get"]["security"] == []
     # The error reasons a client can meet are listed with the error body.
     assert "INVALID_JSON" in _component(document, "continuum.gateway.v1.ErrorReason")["enum"]
+
+
+async def test_merge_routes_say_what_they_answer_and_conflicts_carry_the_operation(document: dict[str, Any]) -> None:
+    active = document["paths"]["/v1/session-merges:active"]["get"]["responses"]
+    assert "content" in active["200"]
+    assert "content" not in active["204"]
+    start = document["paths"]["/v1/session-merges"]["post"]
+    assert set(start["responses"]) >= {"200", "201", "400", "403", "404", "409", "default"}
+    assert start["responses"]["201"]["headers"]["Location"]["required"] is True
+    resume = document["paths"]["/v1/session-merges/{operation_id}:resume"]["post"]
+    assert [p["name"] for p in resume["parameters"]] == ["operation_id"]
+    body = resume["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
+    assert "operationId" not in _component(document, body)["properties"]
+    assert "MERGE_ACTIVE_EXISTS" in _component(document, "continuum.merge.v1.ErrorReason")["enum"]
+    details = _component(document, "ErrorStatus")["properties"]["details"]["items"]["anyOf"]
+    [operation] = [d for d in details if "progress" in d.get("properties", {})]
+    assert operation["properties"]["@type"] == {"const": "type.googleapis.com/continuum.merge.v1.MergeOperation"}
+    assert operation["required"][0] == "@type"
+
+
+async def test_a_gateway_without_merge_documents_no_merge_route(tmp_path: Path) -> None:
+    async with serving(create_app(gateway_settings(tmp_path, unused_address()))) as client:
+        document = (await client.get("/v1/openapi.json")).json()
+    assert not [path for path in document["paths"] if path.startswith("/v1/session-merges")]
 
 
 def test_maps_durations_and_well_known_types() -> None:

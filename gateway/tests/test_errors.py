@@ -17,6 +17,8 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from continuum.gateway.v1 import error_reason_pb2 as gateway_reasons
+from continuum.merge.v1 import resources_pb2 as merge_resources
+from continuum.transcript.v1 import resources_pb2 as transcript_resources
 from continuum_gateway.access_log import AccessLogMiddleware
 from continuum_gateway.app import create_app
 from continuum_gateway.errors import (
@@ -144,6 +146,48 @@ class _NotFound(ServiceError):
     code = grpc.StatusCode.NOT_FOUND
     reason = "SESSION_NOT_FOUND"
     domain = "transcript.continuum"
+
+
+class _WithResources(ServiceError):
+    """A conflict carrying resources beside its ErrorInfo, as merge's conflicts carry their operation."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
+    reason = "MERGE_ACTIVE_EXISTS"
+    domain = "merge.continuum"
+
+    def __init__(self, *resources: Any) -> None:
+        super().__init__("an unfinished merge exists")
+        self.resources = resources
+
+    def to_status(self) -> Any:
+        status = super().to_status()
+        for resource in self.resources:
+            status.details.add().Pack(resource)
+        return status
+
+
+def test_a_merge_operation_a_refusal_carries_is_relayed_and_nothing_else_is() -> None:
+    operation = merge_resources.MergeOperation(
+        progress=merge_resources.MergeProgress(
+            operation_id="a" * 32, run_epoch=3, status=merge_resources.MERGE_STATUS_PAUSED
+        ),
+        idempotency_key="k",
+    )
+    session = transcript_resources.Session(session_id="s", title="not for the browser")
+    failure = _failed_call(grpc.StatusCode.ALREADY_EXISTS, "x", _WithResources(session, operation))
+
+    body = upstream_error_body(failure)
+
+    assert body["error"]["code"] == 409
+    info, relayed = body["error"]["details"]
+    assert info["reason"] == "MERGE_ACTIVE_EXISTS"
+    assert relayed["@type"] == "type.googleapis.com/continuum.merge.v1.MergeOperation"
+    assert relayed["progress"]["operationId"] == "a" * 32
+    assert relayed["progress"]["runEpoch"] == "3"
+    assert relayed["progress"]["status"] == "MERGE_STATUS_PAUSED"
+    # Every field without presence is there, zero values included, as in a response.
+    assert relayed["progress"]["snapshotSealed"] is False
+    assert relayed["idempotencyKey"] == "k"
 
 
 def _error_of(response: Response) -> dict[str, Any]:

@@ -41,33 +41,50 @@ CHECKS = [
     response_headers_conformance,
     response_schema_conformance,
 ]
-# Per operation and generation mode; 16 operations x 2 modes x this stays well under a minute.
+# Per operation and generation mode; 21 operations x 2 modes x this stays well under a minute.
 EXAMPLES = 20
 
 
 @pytest.fixture(scope="module")
 async def served(
-    transcript: GrpcService, compaction: GrpcService, tmp_path_factory: pytest.TempPathFactory
+    transcript: GrpcService, compaction: GrpcService, merge: GrpcService, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[LiveGateway]:
     """The gateway under uvicorn on a real socket, in front of the module's services."""
     data_dir = tmp_path_factory.mktemp("fuzzed-gateway")
-    async with live_gateway(data_dir, transcript.port, compaction_address=f"127.0.0.1:{compaction.port}") as gateway:
+    async with live_gateway(
+        data_dir,
+        transcript.port,
+        compaction_address=f"127.0.0.1:{compaction.port}",
+        merge_address=f"127.0.0.1:{merge.port}",
+    ) as gateway:
         yield gateway
 
 
 async def _existing(base_url: str) -> dict[str, str]:
-    """A session of Alice's with two messages: path parameters that reach past the lookups."""
-    session_id = f"fuzz-{uuid.uuid4().hex[:12]}"
+    """A session of Alice's with two messages and her unfinished merge (of two other sessions):
+    path parameters that reach past the lookups."""
     async with httpx.AsyncClient(base_url=base_url, headers=ALICE, timeout=30) as client:
-        created = await client.post("/v1/sessions", json={"sessionId": session_id})
-        assert created.status_code == 201, created.text
+        session_ids = []
+        for _ in range(3):
+            session_ids.append(f"fuzz-{uuid.uuid4().hex[:12]}")
+            created = await client.post("/v1/sessions", json={"sessionId": session_ids[-1]})
+            assert created.status_code == 201, created.text
         messages = [
             {"role": "MESSAGE_ROLE_USER", "content": [{"text": "hello"}]},
             {"role": "MESSAGE_ROLE_ASSISTANT", "content": [{"text": "hi"}]},
         ]
-        appended = await client.post(f"/v1/sessions/{session_id}/messages", json={"messages": messages})
+        appended = await client.post(f"/v1/sessions/{session_ids[0]}/messages", json={"messages": messages})
         assert appended.status_code == 200, appended.text
-    return {"session_id": session_id, "message_id": appended.json()["messageIds"][0]}
+        active = await client.get("/v1/session-merges:active")
+        if active.status_code == 204:
+            body = {"sourceSessionIds": session_ids[1:], "primarySessionId": session_ids[1]}
+            active = await client.post("/v1/session-merges", json={**body, "idempotencyKey": uuid.uuid4().hex})
+        assert active.status_code in (200, 201), active.text
+    return {
+        "session_id": session_ids[0],
+        "message_id": appended.json()["messageIds"][0],
+        "operation_id": active.json()["operation"]["progress"]["operationId"],
+    }
 
 
 def _fuzz(operation: Any, base_url: str, existing: dict[str, str]) -> int:
@@ -119,6 +136,9 @@ async def test_every_route_agrees_with_the_document(served: LiveGateway) -> None
         "POST /v1/sessions/{session_id}/messages/{message_id}:edit",
         "GET /session-history/outline",
         "POST /v1/sessions/{session_id}/compaction:compactNow",
+        "POST /v1/session-merges",
+        "GET /v1/session-merges:active",
+        "POST /v1/session-merges/{operation_id}:resume",
     }
     for operation in operations:
         existing = await _existing(base_url)

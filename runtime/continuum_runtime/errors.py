@@ -111,13 +111,17 @@ class ErrorDetails:
     domain: str
     metadata: dict[str, str]
     violations: list[FieldViolation]
+    # Every other status detail, still packed (e.g. the operation a merge conflict carries).
+    others: tuple[any_pb2.Any, ...] = ()
 
 
 def error_details(error: grpc.aio.AioRpcError | grpc.RpcError) -> ErrorDetails:
-    """Decode the ErrorInfo and BadRequest of a failed call (empty reason when absent)."""
+    """Decode the ErrorInfo and BadRequest of a failed call (empty reason when absent); any other
+    detail is kept packed in `others`."""
     code: grpc.StatusCode = error.code()
     message: str = error.details() or ""
     reason, domain, metadata, violations = "", "", {}, []
+    others: list[any_pb2.Any] = []
     status = _status_from_trailers(error)
     for detail in status.details if status is not None else []:
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
@@ -128,7 +132,9 @@ def error_details(error: grpc.aio.AioRpcError | grpc.RpcError) -> ErrorDetails:
             bad = error_details_pb2.BadRequest()
             detail.Unpack(bad)
             violations = [FieldViolation(v.field, v.description) for v in bad.field_violations]
-    return ErrorDetails(code, message, reason, domain, metadata, violations)
+        else:
+            others.append(detail)
+    return ErrorDetails(code, message, reason, domain, metadata, violations, tuple(others))
 
 
 def _status_from_trailers(error: grpc.aio.AioRpcError | grpc.RpcError) -> status_pb2.Status | None:
