@@ -192,10 +192,14 @@ async def test_repeat_merge_keeps_originals_and_folds_duplicates(tmp_path: Path,
     assert message_refs(second, "a").keys() == {*written["a"], *a_new}
     occurrences = rows(second, "occurrences.jsonl")
     folded = {row["recordRef"] for row in occurrences if row.get("sessionId") in ("a", "a1")}
-    # a's tree as op-1 sealed it (sessions and messages) is read again directly: each one an occurrence.
-    assert folded == {
-        row["recordRef"] for row in rows(first, "records.jsonl") if row["origin"]["sessionId"] in ("a", "a1")
-    }
+    # a's tree as op-1 sealed it is read again directly: its messages and a1 (whose cut did not move)
+    # are occurrences; a itself, cut later, is a second version of its session record.
+    first_tree = [row for row in rows(first, "records.jsonl") if row["origin"]["sessionId"] in ("a", "a1")]
+    assert folded == {row["recordRef"] for row in first_tree if row["origin"]["recordId"] != "a"}
+    a_versions = [
+        row for row in second_records if row["origin"] == {**row["origin"], "kind": "session", "recordId": "a"}
+    ]
+    assert len(a_versions) == 2
     # The attachment came over from op-1's package, bytes intact.
     assets = [row for row in rows(second, "files.jsonl") if row["kind"] == "asset"]
     assert {row["sha256"] for row in assets} == {sha256_hex(PNG)}
