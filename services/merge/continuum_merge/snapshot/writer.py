@@ -40,12 +40,23 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 128 * 1024
 
 
+_LIBC = ctypes.CDLL(None)
+
+
+def release_free_memory() -> None:
+    """Hand the allocator's free pages back to the system (glibc's malloc_trim; a no-op elsewhere), so
+    the buffers of the pages already written do not pile up as resident memory over a long copy."""
+    trim = getattr(_LIBC, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
 def pin_allocator_threshold() -> None:
     """Keep glibc from raising its mmap threshold as large blocks are freed (its default): otherwise
     the copy's stream of 32 KiB-2 MiB buffers lands on the heap, which fragments and makes the process's
     memory creep with the history's size. A process-wide setting, harmless elsewhere; a no-op without
     glibc."""
-    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    mallopt = getattr(_LIBC, "mallopt", None)
     if mallopt is not None:
         mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
 
@@ -189,6 +200,7 @@ class PackageWriter:
         self.flush()
         self._pending = submitted
         self._pending_refs = {record.record_ref for record, _, _ in submitted}
+        release_free_memory()
 
     def flush(self) -> None:
         """Wait for the files of the records in flight and write their files rows and records lines."""
