@@ -4,6 +4,7 @@ projections, attachments' original bytes, hashes, verification, gaps, dedupe and
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -212,7 +213,7 @@ async def test_verify_finds_every_kind_of_damage(tmp_path: Path, database_url: s
         await _two_trees(sources)
         cuts = await sources.cuts("a", "b")
         package = tmp_path / "op"
-        for damage in ("altered", "removed", "stray", "symlink", "manifest"):
+        for damage in ("altered", "removed", "stray", "symlink", "manifest", "directory", "malformed"):
             await build_snapshot(sources.reader, cuts, package, version=1, disk_reserve_bytes=0)
             snapshot = package / "snapshot"
             text_file = next((snapshot / "text").iterdir())
@@ -222,6 +223,10 @@ async def test_verify_finds_every_kind_of_damage(tmp_path: Path, database_url: s
                 text_file.unlink()
             elif damage == "stray":
                 (snapshot / "raw" / ("0" * 64 + ".json")).write_bytes(b"{}")
+            elif damage == "directory":
+                shutil.rmtree(snapshot / "assets")
+            elif damage == "malformed":
+                (snapshot / "seal.json").write_bytes(b'{"format": 1, "manifestHash": []}')
             elif damage == "symlink":
                 text_file.unlink()
                 text_file.symlink_to(next((snapshot / "raw").iterdir()))
