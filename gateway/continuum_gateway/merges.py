@@ -12,9 +12,9 @@
     POST /v1/session-merges/{operation_id}:cancel        CancelMerge     no body
 
 Every call acts for the authenticated browser user; merge decides ownership, so another user's
-operation is 403 and an unknown one 404. A conflict (MERGE_ACTIVE_EXISTS, MERGE_IDEMPOTENCY_CONFLICT:
-409; MERGE_STALE_OPERATION, MERGE_ALREADY_COMPLETED, MERGE_SOURCE_BUSY, MERGE_CANCEL_CLEANUP:
-FAILED_PRECONDITION, 400) carries the operation as it stands after the refusal in the error's
+operation is 403 and an unknown one 404. A conflict (409: MERGE_ACTIVE_EXISTS, MERGE_IDEMPOTENCY_CONFLICT,
+and the state conflicts MERGE_STALE_OPERATION, MERGE_ALREADY_COMPLETED, MERGE_SOURCE_BUSY, MERGE_CANCEL_CLEANUP,
+see `errors.REASON_HTTP_STATUS`) carries the operation as it stands after the refusal in the error's
 ``details``, so a client shows the latest state without another call (`errors.RELAYED_DETAILS`).
 ``:active``, ``:resume`` and ``:cancel`` are AIP-136 custom methods, matched literally; the custom
 method routes come before ``/{operation_id}``, whose parameter would otherwise take ``x:resume``.
@@ -93,18 +93,19 @@ _BODY_ERRORS = {
     413: "The body is over the gateway's limit (REQUEST_TOO_LARGE).",
 }
 _OPERATION_ERRORS = {
-    400: "Malformed request (INVALID_ARGUMENT, naming the field), or a refused precondition carrying the "
-    "operation as it stands (a resume: MERGE_STALE_OPERATION; a cancel: MERGE_ALREADY_COMPLETED).",
+    400: "Malformed request (INVALID_ARGUMENT, naming the field).",
     403: "The operation belongs to another user (MERGE_PERMISSION_DENIED).",
     404: "No such operation (MERGE_OPERATION_NOT_FOUND).",
+    409: "The operation's state refuses the call; the error carries it as it stands (a resume: "
+    "MERGE_STALE_OPERATION; a cancel: MERGE_ALREADY_COMPLETED).",
 }
 _START_ERRORS = {
-    400: "Malformed request (INVALID_ARGUMENT, naming the field), a busy source (MERGE_SOURCE_BUSY) or a "
-    "cancelled merge still stopping (MERGE_CANCEL_CLEANUP, carrying it).",
+    400: "Malformed request (INVALID_ARGUMENT, naming the field).",
     403: "A source session belongs to another user.",
     404: "No such source session.",
-    409: "An unfinished merge exists (MERGE_ACTIVE_EXISTS), or the idempotency key was used with other "
-    "parameters (MERGE_IDEMPOTENCY_CONFLICT); the error carries that operation.",
+    409: "An unfinished merge exists (MERGE_ACTIVE_EXISTS), the idempotency key was used with other "
+    "parameters (MERGE_IDEMPOTENCY_CONFLICT; the error carries that operation), a source is busy "
+    "(MERGE_SOURCE_BUSY) or a cancelled merge is still stopping (MERGE_CANCEL_CLEANUP, carrying it).",
 }
 
 

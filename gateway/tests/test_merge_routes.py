@@ -136,7 +136,7 @@ async def test_conflicts_carry_the_latest_operation(
     resume = await merge_gateway.post(
         f"/v1/session-merges/{operation_id}:resume", headers=ALICE, json={"expectedEpoch": "1"}
     )
-    error = assert_error(resume, 400, "FAILED_PRECONDITION", "MERGE_STALE_OPERATION")
+    error = assert_error(resume, 409, "FAILED_PRECONDITION", "MERGE_STALE_OPERATION")
     assert _operation_detail(error)["progress"]["status"] == "MERGE_STATUS_PREPARING"
 
 

@@ -110,7 +110,7 @@ async def test_a_merge_publishes_its_target_and_then_cannot_be_cancelled(
         assert (target.json()["session"]["kind"], target.json()["session"]["title"]) == ("SESSION_KIND_MERGED", "Both")
 
         cancel = await gateway.post(f"/v1/session-merges/{operation_id}:cancel", headers=ALICE)
-        error = assert_error(cancel, 400, "FAILED_PRECONDITION", "MERGE_ALREADY_COMPLETED")
+        error = assert_error(cancel, 409, "FAILED_PRECONDITION", "MERGE_ALREADY_COMPLETED")
         assert _operation_detail(error)["progress"]["status"] == "MERGE_STATUS_COMPLETED"
         assert (await gateway.get("/v1/session-merges:active", headers=ALICE)).status_code == 204
 
@@ -124,7 +124,7 @@ async def test_a_paused_merge_resumes_once_at_the_epoch_the_caller_saw(transcrip
         resume = f"/v1/session-merges/{operation_id}:resume"
 
         stale = await gateway.post(resume, headers=ALICE, json={"expectedEpoch": str(epoch + 1)})
-        error = assert_error(stale, 400, "FAILED_PRECONDITION", "MERGE_STALE_OPERATION")
+        error = assert_error(stale, 409, "FAILED_PRECONDITION", "MERGE_STALE_OPERATION")
         assert _operation_detail(error)["progress"]["status"] == "MERGE_STATUS_PAUSED"
 
         resumed = await gateway.post(resume, headers=ALICE, json={"expectedEpoch": str(epoch), "model": "other"})
@@ -134,7 +134,7 @@ async def test_a_paused_merge_resumes_once_at_the_epoch_the_caller_saw(transcrip
         assert int(operation["progress"]["runEpoch"]) > epoch
         # The same request again (a retry, a second tab) does not resume a second time.
         again = await gateway.post(resume, headers=ALICE, json={"expectedEpoch": str(epoch), "model": "other"})
-        assert_error(again, 400, "FAILED_PRECONDITION", "MERGE_STALE_OPERATION")
+        assert_error(again, 409, "FAILED_PRECONDITION", "MERGE_STALE_OPERATION")
 
         cancelled = await gateway.post(f"/v1/session-merges/{operation_id}:cancel", headers=ALICE)
         assert cancelled.status_code == 200, cancelled.text
