@@ -70,9 +70,10 @@ class SessionEventsConsumer:
                 await self._consume()
             except grpc.aio.AioRpcError as error:
                 logger.warning("session events stream broke; resuming", extra={"code": error.code().name})
-            except Exception as error:
-                # Resume from the durable cursor (the class name only: an error's text may quote a row).
-                logger.warning("session events consumer failed; resuming", extra={"error": type(error).__name__})
+            except Exception:
+                # Resume from the durable cursor. The log keeps the frames, never the error's text (it may
+                # quote a row): see continuum_runtime.logs.
+                logger.warning("session events consumer failed; resuming", exc_info=True)
             await self._clock.sleep(self._retry_seconds)
 
     async def _consume(self) -> None:

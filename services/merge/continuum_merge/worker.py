@@ -231,12 +231,12 @@ class OperationRun:
         except (TranscriptUnavailable, ProviderError) as error:
             code = "SOURCE_BUSY" if isinstance(error, TranscriptUnavailable) else "PROVIDER_UNAVAILABLE"
             await self._stop_for(StageStop(code, "a dependency is unavailable; retrying", "retry"))
-        except Exception as error:
+        except Exception:
             # A bug (or a refusal nobody expected) must not spin: the operation waits and is retried, by
-            # this or another replica, possibly after a fix is deployed. Only the type is logged.
+            # this or another replica, possibly after a fix is deployed. The log keeps the frames, never
+            # the error's text (continuum_runtime.logs).
             logger.error(
-                "merge run failed unexpectedly",
-                extra={"operation_id": self._fence.operation_id, "error": type(error).__name__},
+                "merge run failed unexpectedly", exc_info=True, extra={"operation_id": self._fence.operation_id}
             )
             await self._stop_for(StageStop("", "", "retry"))
         finally:
