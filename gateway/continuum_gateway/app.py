@@ -32,6 +32,7 @@ from continuum_gateway import (
     outline,
     reference,
     sessions,
+    turns,
     upstream,
 )
 from continuum_gateway.access_log import AccessLogMiddleware
@@ -73,6 +74,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
         *messages.ROUTES,
         *outline.ROUTES,
         *compaction.ROUTES,
+        *turns.routes(settings),
         *follow.routes(settings),
     ]
     api = openapi.ApiDocument(lambda: routes, ProtoComments.load())

@@ -27,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, WebSocketRoute
 
+from continuum.agent.v1 import error_reason_pb2 as agent_reasons
 from continuum.compaction.v1 import error_reason_pb2 as compaction_reasons
 from continuum.gateway.v1 import error_reason_pb2 as gateway_reasons
 from continuum.transcript.v1 import error_reason_pb2 as transcript_reasons
@@ -66,7 +67,7 @@ parameters are refused.
 
 **Errors** are AIP-193 bodies (the `Error` schema): `code` is the HTTP status, `status` the gRPC code
 name, and `details` hold an `ErrorInfo` (its `reason` is the machine code, its `domain` says who
-refused: `gateway.continuum`, `transcript.continuum` or `compaction.continuum`) and, for a malformed
+refused: `gateway.continuum`, `transcript.continuum`, `compaction.continuum` or `agent.continuum`) and, for a malformed
 request, a `BadRequest` whose `fieldViolations` name each field as the request spelled it (a path
 parameter by its name in the route).
 
@@ -133,7 +134,12 @@ def document(app_routes: Sequence[BaseRoute], comments: ProtoComments) -> dict[s
             paths[route.path] = _follow(route, schemas)
     reasons = [
         schemas.enum(enum.DESCRIPTOR)
-        for enum in (gateway_reasons.ErrorReason, transcript_reasons.ErrorReason, compaction_reasons.ErrorReason)
+        for enum in (
+            gateway_reasons.ErrorReason,
+            transcript_reasons.ErrorReason,
+            compaction_reasons.ErrorReason,
+            agent_reasons.ErrorReason,
+        )
     ]
     return {
         "openapi": "3.1.0",

@@ -35,6 +35,8 @@ class GatewaySettings(BaseSettings):
     transcript_address: str = "127.0.0.1:50151"
     # host:port of the compaction gRPC service.
     compaction_address: str = "127.0.0.1:50152"
+    # host:port of the reference agent runtime; empty: no turn routes and no `agent-v1` capability.
+    agent_address: str = ""
     # The credential the gateway presents to the services.
     service_token: SecretStr = SecretStr("")
     # Browser bearer token -> user id, given as a JSON object. Keys are secrets; the ids are not.

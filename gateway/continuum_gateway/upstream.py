@@ -18,6 +18,7 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from starlette.requests import HTTPConnection, Request
 
+from continuum.agent.v1 import agent_service_pb2, agent_service_pb2_grpc
 from continuum.compaction.v1 import compaction_service_pb2, compaction_service_pb2_grpc
 from continuum.transcript.v1 import transcript_service_pb2, transcript_service_pb2_grpc
 from continuum_gateway.auth import acting_user
@@ -32,6 +33,8 @@ TRANSCRIPT = "transcript"
 TRANSCRIPT_SERVICE = transcript_service_pb2.DESCRIPTOR.services_by_name["TranscriptService"].full_name
 COMPACTION = "compaction"
 COMPACTION_SERVICE = compaction_service_pb2.DESCRIPTOR.services_by_name["CompactionService"].full_name
+AGENT = "agent"
+AGENT_SERVICE = agent_service_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
 # Key of the lifespan state entry holding the `Upstreams`.
 STATE_KEY = "upstreams"
 # The health service's name for a ready upstream.
@@ -48,6 +51,12 @@ class Upstreams:
         self._compaction_channel = open_channel(settings.compaction_address, settings.grpc_max_message_bytes)
         self.compaction = compaction_service_pb2_grpc.CompactionServiceStub(self._compaction_channel)
         self._compaction_health = health_pb2_grpc.HealthStub(self._compaction_channel)
+        # The reference agent runtime is optional: without its address there is no channel to it.
+        self._agent_channel = (
+            open_channel(settings.agent_address, settings.grpc_max_message_bytes) if settings.agent_address else None
+        )
+        self.agent = agent_service_pb2_grpc.AgentServiceStub(self._agent_channel) if self._agent_channel else None
+        self._agent_health = health_pb2_grpc.HealthStub(self._agent_channel) if self._agent_channel else None
         self._service_token = settings.service_token
         self._timeout = settings.upstream_timeout_seconds
         self._readiness_timeout = settings.readiness_timeout_seconds
@@ -71,6 +80,13 @@ class Upstreams:
         A failed call raises `UpstreamError`, which the app turns into the matching HTTP error.
         """
         return await self._call(COMPACTION, rpc, request, user)
+
+    async def call_agent(self, rpc: Callable[..., Awaitable[Any]], request: Message, *, user: str) -> Any:
+        """Call an agent RPC (e.g. ``upstreams.agent.StartTurn``) on behalf of `user`.
+
+        A failed call raises `UpstreamError`, which the app turns into the matching HTTP error.
+        """
+        return await self._call(AGENT, rpc, request, user)
 
     async def _call(self, upstream: str, rpc: Callable[..., Awaitable[Any]], request: Message, user: str) -> Any:
         metadata = call_metadata(self._service_token.get_secret_value(), user)
@@ -117,11 +133,14 @@ class Upstreams:
         check takes longer than the readiness timeout). The upstreams are checked concurrently, so
         the answer takes at most one readiness timeout.
         """
-        transcript, compaction = await asyncio.gather(
-            self._check(self._transcript_health, TRANSCRIPT_SERVICE),
-            self._check(self._compaction_health, COMPACTION_SERVICE),
-        )
-        return {TRANSCRIPT: transcript, COMPACTION: compaction}
+        checks = {
+            TRANSCRIPT: self._check(self._transcript_health, TRANSCRIPT_SERVICE),
+            COMPACTION: self._check(self._compaction_health, COMPACTION_SERVICE),
+        }
+        if self._agent_health is not None:
+            checks[AGENT] = self._check(self._agent_health, AGENT_SERVICE)
+        statuses = await asyncio.gather(*checks.values())
+        return dict(zip(checks, statuses, strict=True))
 
     async def _check(self, stub: health_pb2_grpc.HealthStub, service: str) -> str:
         request = health_pb2.HealthCheckRequest(service=service)
@@ -135,6 +154,8 @@ class Upstreams:
         """Close every channel; calls still in flight are cancelled."""
         await self._transcript_channel.close()
         await self._compaction_channel.close()
+        if self._agent_channel is not None:
+            await self._agent_channel.close()
 
 
 @asynccontextmanager
@@ -144,7 +165,11 @@ async def connect(settings: GatewaySettings) -> AsyncIterator[Upstreams]:
     upstreams = Upstreams(settings)
     logger.info(
         "upstreams configured",
-        extra={TRANSCRIPT: settings.transcript_address, COMPACTION: settings.compaction_address},
+        extra={
+            TRANSCRIPT: settings.transcript_address,
+            COMPACTION: settings.compaction_address,
+            AGENT: settings.agent_address or None,
+        },
     )
     try:
         yield upstreams
@@ -191,3 +216,14 @@ async def call_compaction(request: Request, select: CompactionRpc, message: Mess
     """Call the compaction RPC `select` picks (e.g. ``lambda c: c.CompactNow``) for the request's user."""
     upstreams = upstreams_of(request)
     return await upstreams.call_compaction(select(upstreams.compaction), message, user=acting_user(request))
+
+
+AgentRpc = Callable[[agent_service_pb2_grpc.AgentServiceStub], Callable[..., Awaitable[Any]]]
+
+
+async def call_agent(request: Request, select: AgentRpc, message: Message) -> Any:
+    """Call the agent RPC `select` picks (e.g. ``lambda a: a.StartTurn``) for the request's user."""
+    upstreams = upstreams_of(request)
+    if upstreams.agent is None:
+        raise RuntimeError("the turn routes are served only when GATEWAY_AGENT_ADDRESS is set")
+    return await upstreams.call_agent(select(upstreams.agent), message, user=acting_user(request))
