@@ -74,11 +74,19 @@ COMPONENTS: tuple[Component, ...] = (
         migrates=True,
         cleans_up=True,
     ),
+    # The reference agent runtime: a client of transcript and compaction that runs users' turns.
+    Component(
+        "agent",
+        ("continuum_agent", "serve"),
+        "AGENT_",
+        depends_on=("transcript", "compaction"),
+        default_port=50154,
+    ),
     Component(
         "gateway",
         ("continuum_gateway",),
         "GATEWAY_",
-        depends_on=("transcript", "compaction"),
+        depends_on=("transcript", "compaction", "agent"),
         protocol=Protocol.HTTP,
         default_port=8080,
         dev_token=True,

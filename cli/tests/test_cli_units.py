@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from pydantic_settings import BaseSettings
 
+from continuum_agent.settings import AgentSettings
 from continuum_cli.components import COMPONENTS, Component, Protocol, check_order, cleanable, migratable
 from continuum_cli.datadir import resolve_data_dir
 from continuum_cli.follow import follow, resolve_address, resolve_token
@@ -79,9 +80,9 @@ def test_an_unknown_service_is_a_usage_error_naming_the_valid_ones(
     assert f"invalid choice: 'gateway' (choose from {valid})" in err
 
 
-def test_the_table_starts_transcript_then_compaction_then_the_gateway_that_needs_both() -> None:
+def test_the_table_starts_transcript_then_compaction_then_the_agent_then_the_gateway_that_needs_them() -> None:
     check_order(COMPONENTS)
-    transcript, compaction, gateway = COMPONENTS
+    transcript, compaction, agent, gateway = COMPONENTS
 
     assert (transcript.name, transcript.argv, transcript.env_prefix) == (
         "transcript",
@@ -99,8 +100,15 @@ def test_the_table_starts_transcript_then_compaction_then_the_gateway_that_needs
         ("transcript",),
         50152,
     )
+    assert (agent.name, agent.argv, agent.env_prefix) == ("agent", ("continuum_agent", "serve"), "AGENT_")
+    assert (agent.protocol, agent.depends_on, agent.default_port) == (
+        Protocol.GRPC,
+        ("transcript", "compaction"),
+        50154,
+    )
+    assert not agent.dev_token and not agent.migrates and not agent.signs_page_tokens
     assert (gateway.name, gateway.argv, gateway.env_prefix) == ("gateway", ("continuum_gateway",), "GATEWAY_")
-    assert gateway.depends_on == ("transcript", "compaction")
+    assert gateway.depends_on == ("transcript", "compaction", "agent")
     assert gateway.protocol is Protocol.HTTP
     assert gateway.dev_token
     assert not transcript.dev_token
@@ -111,7 +119,12 @@ def test_the_table_starts_transcript_then_compaction_then_the_gateway_that_needs
 
 @pytest.mark.parametrize(
     ("component", "settings"),
-    [(COMPONENTS[0], TranscriptSettings), (COMPONENTS[1], CompactionSettings), (COMPONENTS[2], GatewaySettings)],
+    [
+        (COMPONENTS[0], TranscriptSettings),
+        (COMPONENTS[1], CompactionSettings),
+        (COMPONENTS[2], AgentSettings),
+        (COMPONENTS[3], GatewaySettings),
+    ],
 )
 def test_every_variable_up_sets_is_a_setting_of_the_component(
     component: Component, settings: type[BaseSettings], tmp_path: Path
@@ -144,8 +157,8 @@ def test_the_table_rejects_bad_orders(table: tuple[Component, ...], message: str
         check_order(table)
 
 
-def test_the_gateway_env_names_both_upstream_addresses_and_the_dev_token(tmp_path: Path) -> None:
-    gateway = COMPONENTS[2]
+def test_the_gateway_env_names_every_upstream_address_and_the_dev_token(tmp_path: Path) -> None:
+    gateway = COMPONENTS[3]
 
     env = component_env(
         gateway,
@@ -154,7 +167,7 @@ def test_the_gateway_env_names_both_upstream_addresses_and_the_dev_token(tmp_pat
         service_token="service",
         dev_token="dev",
         page_token_secret="secret",
-        addresses={"transcript": "127.0.0.1:5", "compaction": "127.0.0.1:6"},
+        addresses={"transcript": "127.0.0.1:5", "compaction": "127.0.0.1:6", "agent": "127.0.0.1:7"},
     )
 
     assert env == {
@@ -164,6 +177,7 @@ def test_the_gateway_env_names_both_upstream_addresses_and_the_dev_token(tmp_pat
         "GATEWAY_SERVICE_TOKEN": "service",
         "GATEWAY_TRANSCRIPT_ADDRESS": "127.0.0.1:5",
         "GATEWAY_COMPACTION_ADDRESS": "127.0.0.1:6",
+        "GATEWAY_AGENT_ADDRESS": "127.0.0.1:7",
         "GATEWAY_DEV_TOKEN": "dev",
     }
 
