@@ -102,7 +102,8 @@ class TurnRunner:
             except BaseException:
                 await asyncio.shield(self._release_quietly(user, claim_id))
                 raise
-            workspace = Workspace.of(session.working_directory, self._settings.tool_result_max_bytes)
+            # A file's text takes at most half of a result: its JSON escaping fits in the rest.
+            workspace = Workspace.of(session.working_directory, self._settings.tool_result_max_bytes // 2)
             turn = Turn(user, session_id, run_id, claim_id, workspace)
             task = asyncio.create_task(self._loop.run(turn), name=f"turn:{run_id}")
             self._running[key] = (turn, task)

@@ -45,7 +45,8 @@ class AgentSettings(ServiceSettings):
     chunk_max_chars: int = Field(default=4096, ge=1, le=16384)
     # Pause between the offline model's streamed words, so a person sees an answer being written.
     offline_delta_seconds: float = Field(default=0.03, ge=0)
-    # A tool result's text is cut to this many bytes (the result then says "truncated": true).
+    # A tool result's largest size in bytes; a file read gives at most half of it (the result then says
+    # "truncated": true), and a larger result is replaced by a refusal that says so.
     tool_result_max_bytes: int = Field(default=64 * 1024, ge=1024, le=4 * 1024 * 1024)
     # client_request_ids remembered per process for idempotent StartTurn retries.
     remembered_requests: int = Field(default=4096, ge=1)

@@ -12,7 +12,8 @@
 
 Stop is cooperative: it sets the turn's stop event, which ends a model request or a pause between
 streamed pieces at once and is checked between every two upstream calls (a call to transcript is never
-cut off mid-way, so no write is left half-done). The open attempt is then settled with CancelAttempt
+cut off mid-way, so no write is left half-done). A claim that can no longer be renewed (its lease
+lapsed, or an operator released it) stops the turn the same way. The open attempt is then settled with CancelAttempt
 (what was displayed is stored as interrupted) and the claim released. Logs carry ids and counts only.
 """
 
@@ -40,6 +41,8 @@ from continuum_runtime.provider import ProviderError
 
 logger = logging.getLogger("continuum.agent")
 T = TypeVar("T")
+# Transcript's reason for a claim that expired or was released.
+CLAIM_NOT_HELD = "CLAIM_NOT_HELD"
 
 SYSTEM_PROMPT = (
     "You are the Continuum reference agent. You can list, read and search the files of the session's "
@@ -138,6 +141,10 @@ class TurnLoop:
                 await self._upstreams.renew_claim(turn.user, turn.claim_id, self._settings.claim_ttl_seconds)
             except AgentError as error:
                 logger.warning("claim not renewed", extra={"run_id": turn.run_id, "reason": error.reason})
+                if error.reason == CLAIM_NOT_HELD:
+                    # The lease lapsed or was released: the session is no longer this turn's to write.
+                    turn.stop.set()
+                    return
 
     async def _rounds(self, turn: Turn) -> None:
         for round_number in range(1, self._settings.max_model_rounds + 1):

@@ -56,8 +56,8 @@ async def test_tool_rounds_go_through_the_http_client(
         tool_call_reply(("c1", "read_file", {"path": "notes.txt"})),
         answer_reply("The notes say hello."),
     )
-    async with running_agent(tmp_path, database_url, model=model_for(server)) as agent:
-        (agent.workdir / "notes.txt").write_text("hello from the notes")
+    async with running_agent(tmp_path, database_url, model=model_for(server), tool_result_max_bytes=1024) as agent:
+        (agent.workdir / "notes.txt").write_text("hello from the notes" + " and more" * 200)
         await agent.new_session("s1")
         await agent.start_turn("s1", "What do the notes say?")
         await agent.wait_idle("s1")
@@ -70,7 +70,10 @@ async def test_tool_rounds_go_through_the_http_client(
         tpb.MESSAGE_ROLE_ASSISTANT,
     ]
     assert [(c.tool_call_id, c.name) for c in messages[1].tool_calls] == [("c1", "read_file")]
-    assert json.loads(message_text(messages[2]))["text"] == "hello from the notes"
+    read = json.loads(message_text(messages[2]))
+    assert read["text"].startswith("hello from the notes") and read["truncated"] is True
+    # Transcript flags a TOOL result that says it was truncated.
+    assert messages[2].result_truncated
     assert message_text(messages[3]) == "The notes say hello."
     first, retried, second = (request.json() for request in server.requests)
     assert first == retried

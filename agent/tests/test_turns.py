@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -38,7 +39,10 @@ async def _refused(call: object) -> grpc.aio.AioRpcError:
     return caught.value
 
 
-async def test_a_turn_takes_one_tool_round_and_streams_its_answer(agent: AgentStack) -> None:
+async def test_a_turn_takes_one_tool_round_and_streams_its_answer(
+    agent: AgentStack, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
     _workspace(agent.workdir)
     await agent.new_session("s1")
 
@@ -61,6 +65,10 @@ async def test_a_turn_takes_one_tool_round_and_streams_its_answer(agent: AgentSt
     assert '2 line(s) contain "displayName"' in message_text(answer)
     assert all(m.status == tpb.MESSAGE_STATUS_COMPLETE for m in messages)
     assert answer.metadata["runId"] == started.run_id
+    # Logs carry ids and counts, never what the user, the model or a tool wrote.
+    logged = "\n".join(f"{record.getMessage()} {record.__dict__}" for record in caplog.records)
+    assert "turn started" in logged and "tool round done" in logged
+    assert "displayName" not in logged and "Here is what I found" not in logged
 
 
 async def test_a_second_turn_while_one_runs_is_refused_and_stores_nothing(tmp_path: Path, database_url: str) -> None:
@@ -226,3 +234,32 @@ async def test_a_session_without_working_directory_gets_refusals_as_tool_results
         json.loads(message_text(m)) for m in await agent.messages("bare") if m.role == tpb.MESSAGE_ROLE_TOOL
     ]
     assert tool_results == [{"error": "the session has no working directory"}] * 2
+
+
+async def test_a_turn_whose_claim_is_taken_away_stops_and_stores_what_was_shown(
+    tmp_path: Path, database_url: str
+) -> None:
+    async with running_agent(
+        tmp_path, database_url, offline_delta_seconds=0.05, claim_renew_seconds=0.2, claim_ttl_seconds=3
+    ) as agent:
+        await agent.new_session("s1")
+        started = await agent.start_turn("s1", QUESTION)
+        for _ in range(500):
+            if sum(m.role == tpb.MESSAGE_ROLE_TOOL for m in await agent.messages("s1")) == 2:
+                break
+            await asyncio.sleep(0.01)
+
+        # An operator frees the session (as for a stuck runtime): the agent's next renewal fails.
+        released = await agent.services.transcript.stub.ReleaseHolderClaims(
+            tapi.ReleaseHolderClaimsRequest(holder=started.run_id, kind=tpb.CLAIM_KIND_RUN),
+            metadata=agent.services.transcript.system,
+        )
+        assert len(released.claim_ids) == 1
+        for _ in range(500):
+            last = (await agent.messages("s1"))[-1]
+            if last.role == tpb.MESSAGE_ROLE_ASSISTANT and not last.tool_calls:
+                break
+            await asyncio.sleep(0.01)
+
+        assert last.status == tpb.MESSAGE_STATUS_INTERRUPTED
+        assert not await agent.stop_turn("s1")
