@@ -18,7 +18,7 @@ from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
-from continuum_agent.errors import TranscriptUnavailable, UpstreamRefused
+from continuum_agent.errors import AgentError, CompactionUnavailable, TranscriptUnavailable, UpstreamRefused
 from continuum_runtime.auth import call_metadata
 from continuum_runtime.channels import open_channel
 from continuum_runtime.errors import error_details
@@ -51,16 +51,23 @@ class Upstreams:
         await self._transcript_channel.close()
         await self._compaction_channel.close()
 
-    async def _call(self, rpc: Callable[..., Awaitable[R]], request: ProtoMessage, user: str, deadline: float) -> R:
+    async def _call(
+        self,
+        rpc: Callable[..., Awaitable[R]],
+        request: ProtoMessage,
+        user: str,
+        deadline: float,
+        unavailable: type[AgentError],
+    ) -> R:
         try:
             return await rpc(request, metadata=call_metadata(self._token, user), timeout=deadline)
         except grpc.aio.AioRpcError as error:
             if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise TranscriptUnavailable("an upstream service is unavailable") from error
+                raise unavailable("an upstream service is unavailable; nothing was changed") from error
             raise UpstreamRefused(error_details(error)) from error
 
     async def _transcript_call(self, rpc: Callable[..., Awaitable[R]], request: ProtoMessage, user: str) -> R:
-        return await self._call(rpc, request, user, self._transcript_timeout)
+        return await self._call(rpc, request, user, self._transcript_timeout, TranscriptUnavailable)
 
     async def get_session(self, user: str, session_id: str) -> tpb.Session:
         """The session, if `user` owns it (transcript's NOT_FOUND / PERMISSION_DENIED otherwise)."""
@@ -124,7 +131,7 @@ class Upstreams:
     async def build_context(self, user: str, request: capi.BuildContextRequest) -> capi.BuildContextResponse:
         """Compaction's context for the next model request (compacting first when due)."""
         response: capi.BuildContextResponse = await self._call(
-            self._compaction.BuildContext, request, user, self._compaction_timeout
+            self._compaction.BuildContext, request, user, self._compaction_timeout, CompactionUnavailable
         )
         return response
 

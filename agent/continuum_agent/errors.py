@@ -35,10 +35,17 @@ class UpstreamRefused(AgentError):
 
 
 class TranscriptUnavailable(AgentError):
-    """Transcript (or compaction) could not be reached; the call may be retried."""
+    """Transcript could not be reached; the call may be retried."""
 
     code = grpc.StatusCode.UNAVAILABLE
     reason = "TRANSCRIPT_UNAVAILABLE"
+
+
+class CompactionUnavailable(AgentError):
+    """Compaction could not be reached; the turn's context could not be built."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "COMPACTION_UNAVAILABLE"
 
 
 class TurnAlreadyRunning(AgentError):

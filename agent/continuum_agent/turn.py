@@ -119,6 +119,7 @@ class TurnLoop:
             logger.warning(
                 "turn failed", extra={"session_id": turn.session_id, "run_id": turn.run_id, "reason": error.reason}
             )
+            await self._failure_note(turn, error)
         except Exception:
             logger.exception("turn crashed", extra={"session_id": turn.session_id, "run_id": turn.run_id})
         finally:
@@ -126,6 +127,16 @@ class TurnLoop:
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
             await asyncio.shield(self._release(turn))
+
+    async def _failure_note(self, turn: Turn, error: AgentError) -> None:
+        """Tell the user the turn failed (an answer that never comes would look like a hang)."""
+        attempt = fpb.AttemptRef(message_key=f"{turn.run_id}.failed", attempt=1)
+        note = Reply([f"The turn failed ({error.reason}); nothing more was done. Try again later."], [])
+        try:
+            await self._stream(turn, attempt, note)
+        except (AgentError, TurnStopped):
+            # Transcript itself is unreachable: the log line above is all there is.
+            return
 
     async def _release(self, turn: Turn) -> None:
         try:
@@ -167,7 +178,7 @@ class TurnLoop:
             except ProviderError as error:
                 logger.warning("model failed", extra={"run_id": turn.run_id, "reason": error.reason})
                 reply = Reply([f"The model provider failed ({error.reason}): {error.message}"], [])
-            await self._stream(turn, attempt, reply, round_number)
+            await self._stream(turn, attempt, reply)
             if not reply.tool_calls:
                 return
             results = []
@@ -191,9 +202,9 @@ class TurnLoop:
         # Rounds ran out with the model still calling tools: say so instead of ending silently.
         attempt = fpb.AttemptRef(message_key=f"{turn.run_id}.end", attempt=1)
         note = f"Stopped after {self._settings.max_model_rounds} model requests without a final answer."
-        await self._stream(turn, attempt, Reply([note], []), self._settings.max_model_rounds + 1)
+        await self._stream(turn, attempt, Reply([note], []))
 
-    async def _stream(self, turn: Turn, attempt: fpb.AttemptRef, reply: Reply, round_number: int) -> None:
+    async def _stream(self, turn: Turn, attempt: fpb.AttemptRef, reply: Reply) -> None:
         """Show the reply as it is written, then store it; a stop in between stores what was shown."""
         await self._upstreams.open_attempt(turn.user, turn.session_id, attempt)
         settled = False

@@ -39,6 +39,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """ABORTED: the client_request_id was used before for another session or text."""
     TOO_MANY_TURNS: _ErrorReason.ValueType  # 13
     """RESOURCE_EXHAUSTED: this agent runs as many turns as it is configured to."""
+    COMPACTION_UNAVAILABLE: _ErrorReason.ValueType  # 14
+    """UNAVAILABLE: compaction could not be reached (a turn's context could not be built)."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Why an agent call failed: the `reason` of the google.rpc.ErrorInfo detail, with domain
@@ -64,4 +66,6 @@ CLIENT_REQUEST_ID_REUSED: ErrorReason.ValueType  # 12
 """ABORTED: the client_request_id was used before for another session or text."""
 TOO_MANY_TURNS: ErrorReason.ValueType  # 13
 """RESOURCE_EXHAUSTED: this agent runs as many turns as it is configured to."""
+COMPACTION_UNAVAILABLE: ErrorReason.ValueType  # 14
+"""UNAVAILABLE: compaction could not be reached (a turn's context could not be built)."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
