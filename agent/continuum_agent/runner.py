@@ -52,14 +52,16 @@ class TurnRunner:
         self._running: dict[tuple[str, str], tuple[Turn, asyncio.Task[None]]] = {}
         self._starting: set[tuple[str, str]] = set()
         self._requests: OrderedDict[tuple[str, str], _Remembered] = OrderedDict()
-        self._request_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        # (user, client_request_id) -> a lock and how many calls use it (dropped when none does).
+        self._request_locks: dict[tuple[str, str], tuple[asyncio.Lock, int]] = {}
 
     async def start(self, user: str, session_id: str, text: str, client_request_id: str) -> Started:
         """Admit a turn and start it; see the StartTurn contract."""
         if not client_request_id:
             return await self._start(user, session_id, text, "")
         key = (user, client_request_id)
-        lock = self._request_locks.setdefault(key, asyncio.Lock())
+        lock, users = self._request_locks.get(key, (asyncio.Lock(), 0))
+        self._request_locks[key] = (lock, users + 1)
         try:
             async with lock:
                 remembered = self._requests.get(key)
@@ -73,8 +75,11 @@ class TurnRunner:
                     self._requests.popitem(last=False)
                 return started
         finally:
-            if not lock.locked():
-                self._request_locks.pop(key, None)
+            lock, users = self._request_locks[key]
+            if users == 1:
+                del self._request_locks[key]
+            else:
+                self._request_locks[key] = (lock, users - 1)
 
     async def _start(self, user: str, session_id: str, text: str, client_request_id: str) -> Started:
         key = (user, session_id)

@@ -117,7 +117,7 @@ class AgentStack:
             tapi.ReleaseClaimsRequest(claim_id=claim_id), metadata=self.user()
         )
 
-    async def wait_idle(self, session_id: str, within_seconds: float = 20.0) -> None:
+    async def wait_idle(self, session_id: str, within_seconds: float = 30.0) -> None:
         """Wait until the session's RUN claim is free again (the turn ended and released it)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within_seconds

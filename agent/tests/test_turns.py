@@ -33,6 +33,17 @@ def _roles(messages: Sequence[tpb.Message]) -> list[str]:
     return [tpb.MessageRole.Name(m.role).removeprefix("MESSAGE_ROLE_") for m in messages]
 
 
+async def _tool_results_stored(agent: AgentStack, session_id: str) -> None:
+    """Wait until the turn's tool round is stored (its answer is written next); fail after 30 s."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while loop.time() < deadline:
+        if sum(m.role == tpb.MESSAGE_ROLE_TOOL for m in await agent.messages(session_id)) == 2:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the tool round was not stored within 30 s")
+
+
 async def _refused(call: object) -> grpc.aio.AioRpcError:
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await call  # type: ignore[misc]
@@ -117,16 +128,23 @@ async def test_a_retried_client_request_id_gets_the_first_answer(agent: AgentSta
     assert [(m.message_id, m.metadata["clientRequestId"]) for m in users] == [(first.user_message_id, "req-1")]
 
 
+async def test_concurrent_retries_of_one_request_start_one_turn(agent: AgentStack) -> None:
+    await agent.new_session("s1")
+
+    answers = await asyncio.gather(*(agent.start_turn("s1", "hello", client_request_id="req-2") for _ in range(4)))
+    await agent.wait_idle("s1")
+
+    assert len({(a.run_id, a.user_message_id) for a in answers}) == 1
+    assert sum(m.role == tpb.MESSAGE_ROLE_USER for m in await agent.messages("s1")) == 1
+
+
 async def test_a_turn_stopped_mid_answer_keeps_what_was_shown_as_interrupted(tmp_path: Path, database_url: str) -> None:
     # The answer takes seconds to write (about 35 words), so the stop lands inside it even on a busy machine.
     async with running_agent(tmp_path, database_url, offline_delta_seconds=0.1) as agent:
         await agent.new_session("s1")
         await agent.start_turn("s1", QUESTION)
         # The answer streams once the tool results are stored; let a few words of it be shown.
-        for _ in range(500):
-            if sum(m.role == tpb.MESSAGE_ROLE_TOOL for m in await agent.messages("s1")) == 2:
-                break
-            await asyncio.sleep(0.01)
+        await _tool_results_stored(agent, "s1")
         await asyncio.sleep(0.3)
 
         assert await agent.stop_turn("s1")
@@ -245,10 +263,7 @@ async def test_a_turn_whose_claim_is_taken_away_stops_and_stores_what_was_shown(
     ) as agent:
         await agent.new_session("s1")
         started = await agent.start_turn("s1", QUESTION)
-        for _ in range(500):
-            if sum(m.role == tpb.MESSAGE_ROLE_TOOL for m in await agent.messages("s1")) == 2:
-                break
-            await asyncio.sleep(0.01)
+        await _tool_results_stored(agent, "s1")
 
         # An operator frees the session (as for a stuck runtime): the agent's next renewal fails.
         released = await agent.services.transcript.stub.ReleaseHolderClaims(
@@ -256,7 +271,9 @@ async def test_a_turn_whose_claim_is_taken_away_stops_and_stores_what_was_shown(
             metadata=agent.services.transcript.system,
         )
         assert len(released.claim_ids) == 1
-        for _ in range(500):
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while loop.time() < deadline:
             last = (await agent.messages("s1"))[-1]
             if last.role == tpb.MESSAGE_ROLE_ASSISTANT and not last.tool_calls:
                 break
