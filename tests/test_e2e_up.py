@@ -285,7 +285,9 @@ def test_an_operator_follows_and_cleans_up_what_up_started_with_no_token_exporte
         doomed = create_session(client, "doomed")
         assert client.delete(f"/v1/sessions/{doomed}").is_success
 
-    # What `up` prints is what works from the checkout: its data dir is the default one.
+    # What `up` prints is what works from the checkout: its data dir is the default one. It prints once its
+    # own probe saw the gateway ready, which may come a moment after this test's probe did.
+    wait_for_output(run.output, f"  {CONTINUUM} cleanup compaction", run)
     printed = run.output.read_text().splitlines()
     assert f"  {CONTINUUM} follow <session-id>" in printed, run.diagnostics()
     assert f"  {CONTINUUM} cleanup compaction" in printed, run.diagnostics()
