@@ -24,7 +24,7 @@ from continuum_runtime.auth import call_metadata
 pytestmark = pytest.mark.e2e
 
 CONTINUUM = Path(sys.executable).parent / "continuum"
-COMPONENTS = ("transcript", "compaction", "merge", "gateway")
+COMPONENTS = ("transcript", "compaction", "agent", "merge", "gateway")
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
 COMMAND_TIMEOUT = 60.0
@@ -35,7 +35,7 @@ def newcomer_env() -> dict[str, str]:
     return {
         key: value
         for key, value in os.environ.items()
-        if not key.startswith(("TRANSCRIPT_", "COMPACTION_", "MERGE_", "GATEWAY_", "CONTINUUM_"))
+        if not key.startswith(("TRANSCRIPT_", "COMPACTION_", "MERGE_", "AGENT_", "GATEWAY_", "CONTINUUM_"))
     }
 
 
@@ -218,6 +218,34 @@ def test_up_serves_sessions_messages_compaction_and_merges_and_stops_on_ctrl_c(r
     assert ids == sorted(ids)
     assert ids[0] < ids[1]
 
+    run.stop()
+
+
+def test_up_runs_a_turn_of_the_reference_agent_through_the_gateway(run: Run) -> None:
+    (run.checkout / "notes.md").write_text("displayName is the new name\n")
+    with run.gateway() as client:
+        capabilities = client.get("/v1/capabilities").json()["capabilities"]
+        created = client.post("/v1/sessions", json={"title": "turn", "workingDirectory": str(run.checkout)})
+        session_id = created.json()["session"]["sessionId"]
+        started = client.post(f"/v1/sessions/{session_id}/turns", json={"text": "where is displayName?"})
+        assert started.status_code == httpx.codes.ACCEPTED, started.text
+
+        def answered() -> bool:
+            listed = client.get(f"/v1/sessions/{session_id}/messages").json()["messages"]
+            return len(listed) == 5 and listed[-1]["status"] == "MESSAGE_STATUS_COMPLETE"
+
+        wait_for(answered, what="the turn's answer", seconds=START_TIMEOUT, diagnostics=run.diagnostics)
+        messages = client.get(f"/v1/sessions/{session_id}/messages").json()["messages"]
+
+    assert "agent-v1" in capabilities
+    assert [m["role"].removeprefix("MESSAGE_ROLE_") for m in messages] == [
+        "USER",
+        "ASSISTANT",
+        "TOOL",
+        "TOOL",
+        "ASSISTANT",
+    ]
+    assert "notes.md" in messages[2]["content"][0]["text"]
     run.stop()
 
 

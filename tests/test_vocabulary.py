@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from continuum.agent.v1 import error_reason_pb2 as agent_reasons
 from continuum.capability.v1 import capability_pb2
 from continuum.compaction.v1 import error_reason_pb2 as compaction_reasons
 from continuum.gateway.v1 import error_reason_pb2 as gateway_reasons
 from continuum.transcript.v1 import error_reason_pb2 as transcript_reasons
+from continuum_agent import errors as agent_errors
 from continuum_compaction import errors as compaction_errors
 from continuum_runtime import capabilities
 from continuum_runtime.errors import ServiceError
@@ -33,8 +35,9 @@ def _subclasses(root: type[ServiceError]) -> list[type[ServiceError]]:
     [
         (transcript_errors.TranscriptError, transcript_reasons.ErrorReason),
         (compaction_errors.CompactionError, compaction_reasons.ErrorReason),
+        (agent_errors.AgentError, agent_reasons.ErrorReason),
     ],
-    ids=["transcript", "compaction"],
+    ids=["transcript", "compaction", "agent"],
 )
 def test_every_service_error_reason_is_a_value_of_the_service_enum(root: type[ServiceError], enum: object) -> None:
     reasons = {cls.reason for cls in _subclasses(root)}
@@ -67,7 +70,7 @@ def test_every_reason_the_gateway_writes_is_a_value_of_its_enum() -> None:
 def test_capability_names_come_from_the_contract() -> None:
     values = capability_pb2.Capability.values()
     names = {capabilities.wire_name(value) for value in values if value != capability_pb2.CAPABILITY_UNSPECIFIED}
-    assert names == {"transcript-v2", "history-outline-v1", "compaction-v1", "merge-v2"}
+    assert names == {"transcript-v2", "history-outline-v1", "compaction-v1", "merge-v2", "agent-v1"}
     assert capabilities.TRANSCRIPT_V2 == "transcript-v2"
     with pytest.raises(ValueError, match="no wire name"):
         capabilities.wire_name(capability_pb2.CAPABILITY_UNSPECIFIED)

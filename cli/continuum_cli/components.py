@@ -82,6 +82,14 @@ COMPONENTS: tuple[Component, ...] = (
         migrates=True,
         cleans_up=True,
     ),
+    # The reference agent runtime: a client of transcript and compaction that runs users' turns.
+    Component(
+        "agent",
+        ("continuum_agent", "serve"),
+        "AGENT_",
+        depends_on=("transcript", "compaction"),
+        default_port=50154,
+    ),
     Component(
         "merge",
         ("continuum_merge", "serve"),
@@ -98,7 +106,7 @@ COMPONENTS: tuple[Component, ...] = (
         "gateway",
         ("continuum_gateway",),
         "GATEWAY_",
-        depends_on=("transcript", "compaction", "merge"),
+        depends_on=("transcript", "compaction", "agent", "merge"),
         protocol=Protocol.HTTP,
         default_port=8080,
         dev_token=True,

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from pydantic_settings import BaseSettings
 
+from continuum_agent.settings import AgentSettings
 from continuum_cli.components import COMPONENTS, Component, Protocol, check_order, cleanable, migratable
 from continuum_cli.datadir import resolve_data_dir
 from continuum_cli.follow import follow, resolve_address, resolve_token
@@ -27,6 +28,9 @@ from continuum_merge.settings import MergeSettings
 from continuum_transcript.settings import TranscriptSettings
 
 HERE = Path(__file__).parent
+
+# The table by name: its order is checked by one test, not assumed by the others.
+COMPONENT = {component.name: component for component in COMPONENTS}
 
 
 def test_up_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -101,9 +105,9 @@ def test_an_unknown_service_is_a_usage_error_naming_the_valid_ones(
     assert f"invalid choice: 'gateway' (choose from {valid})" in err
 
 
-def test_the_table_starts_transcript_compaction_and_merge_then_the_gateway_that_needs_them() -> None:
+def test_the_table_starts_the_services_then_the_gateway_that_needs_them() -> None:
     check_order(COMPONENTS)
-    transcript, compaction, merge, gateway = COMPONENTS
+    transcript, compaction, agent, merge, gateway = COMPONENTS
 
     assert (transcript.name, transcript.argv, transcript.env_prefix) == (
         "transcript",
@@ -124,7 +128,15 @@ def test_the_table_starts_transcript_compaction_and_merge_then_the_gateway_that_
     assert (merge.name, merge.argv, merge.env_prefix) == ("merge", ("continuum_merge", "serve"), "MERGE_")
     assert (merge.protocol, merge.depends_on, merge.default_port) == (Protocol.GRPC, ("transcript",), 50153)
     assert (gateway.name, gateway.argv, gateway.env_prefix) == ("gateway", ("continuum_gateway",), "GATEWAY_")
-    assert gateway.depends_on == ("transcript", "compaction", "merge")
+    assert (agent.name, agent.argv, agent.env_prefix) == ("agent", ("continuum_agent", "serve"), "AGENT_")
+    assert (agent.protocol, agent.depends_on, agent.default_port) == (
+        Protocol.GRPC,
+        ("transcript", "compaction"),
+        50154,
+    )
+    assert not agent.dev_token and not agent.migrates and not agent.signs_page_tokens
+    assert (gateway.name, gateway.argv, gateway.env_prefix) == ("gateway", ("continuum_gateway",), "GATEWAY_")
+    assert gateway.depends_on == ("transcript", "compaction", "agent", "merge")
     assert gateway.protocol is Protocol.HTTP
     assert gateway.dev_token
     assert not transcript.dev_token
@@ -137,10 +149,11 @@ def test_the_table_starts_transcript_compaction_and_merge_then_the_gateway_that_
 @pytest.mark.parametrize(
     ("component", "settings"),
     [
-        (COMPONENTS[0], TranscriptSettings),
-        (COMPONENTS[1], CompactionSettings),
-        (COMPONENTS[2], MergeSettings),
-        (COMPONENTS[3], GatewaySettings),
+        (COMPONENT["transcript"], TranscriptSettings),
+        (COMPONENT["compaction"], CompactionSettings),
+        (COMPONENT["merge"], MergeSettings),
+        (COMPONENT["agent"], AgentSettings),
+        (COMPONENT["gateway"], GatewaySettings),
     ],
 )
 def test_every_variable_up_sets_is_a_setting_of_the_component(
@@ -175,7 +188,7 @@ def test_the_table_rejects_bad_orders(table: tuple[Component, ...], message: str
 
 
 def test_the_gateway_env_names_every_upstream_address_and_the_dev_token(tmp_path: Path) -> None:
-    gateway = COMPONENTS[3]
+    gateway = COMPONENT["gateway"]
 
     env = component_env(
         gateway,
@@ -184,7 +197,12 @@ def test_the_gateway_env_names_every_upstream_address_and_the_dev_token(tmp_path
         service_token="service",
         dev_token="dev",
         page_token_secret="secret",
-        addresses={"transcript": "127.0.0.1:5", "compaction": "127.0.0.1:6", "merge": "127.0.0.1:7"},
+        addresses={
+            "transcript": "127.0.0.1:5",
+            "compaction": "127.0.0.1:6",
+            "agent": "127.0.0.1:7",
+            "merge": "127.0.0.1:8",
+        },
     )
 
     assert env == {
@@ -194,14 +212,15 @@ def test_the_gateway_env_names_every_upstream_address_and_the_dev_token(tmp_path
         "GATEWAY_SERVICE_TOKEN": "service",
         "GATEWAY_TRANSCRIPT_ADDRESS": "127.0.0.1:5",
         "GATEWAY_COMPACTION_ADDRESS": "127.0.0.1:6",
-        "GATEWAY_MERGE_ADDRESS": "127.0.0.1:7",
+        "GATEWAY_AGENT_ADDRESS": "127.0.0.1:7",
+        "GATEWAY_MERGE_ADDRESS": "127.0.0.1:8",
         "GATEWAY_DEV_TOKEN": "dev",
     }
 
 
 def test_the_merge_env_names_transcript_the_page_token_secret_and_its_package_root(tmp_path: Path) -> None:
     env = component_env(
-        COMPONENTS[2],
+        COMPONENT["merge"],
         data_dir=tmp_path,
         port=50153,
         service_token="service",
@@ -357,7 +376,7 @@ def test_a_data_dir_without_a_run_supplies_only_itself(tmp_path: Path) -> None:
 def test_a_data_dir_supplies_the_directories_a_component_keeps_in_it(tmp_path: Path) -> None:
     _local_run(tmp_path, {"transcript": 4001})
 
-    env = local_env(COMPONENTS[2], tmp_path, {})
+    env = local_env(COMPONENT["merge"], tmp_path, {})
 
     assert env["MERGE_DATA_DIR"] == str(tmp_path.resolve())
     assert env["MERGE_PACKAGE_ROOT"] == str(tmp_path.resolve() / "merge-packages")

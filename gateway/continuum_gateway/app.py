@@ -33,6 +33,7 @@ from continuum_gateway import (
     outline,
     reference,
     sessions,
+    turns,
     upstream,
 )
 from continuum_gateway.access_log import AccessLogMiddleware
@@ -76,6 +77,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
         *compaction.ROUTES,
         # Only a gateway with a merge service serves its routes (and advertises `merge-v2`).
         *(merges.ROUTES if settings.merge_address else []),
+        *turns.routes(settings),
         *follow.routes(settings),
     ]
     api = openapi.ApiDocument(lambda: routes, ProtoComments.load())

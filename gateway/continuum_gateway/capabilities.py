@@ -1,6 +1,7 @@
 """The protocol capabilities the gateway speaks, and the route advertising them.
 
-GET /v1/capabilities   200 {"capabilities": ["transcript-v2", "history-outline-v1", "compaction-v1", "merge-v2"]}
+GET /v1/capabilities   200 {"capabilities": ["transcript-v2", "history-outline-v1", "compaction-v1",
+                                             "merge-v2", "agent-v1"]}
 
 ``transcript-v2``       the Follow WebSocket (`continuum_gateway.follow`); a browser must name it in
                         its hello, and one that does not is refused with UPGRADE_REQUIRED.
@@ -10,6 +11,8 @@ GET /v1/capabilities   200 {"capabilities": ["transcript-v2", "history-outline-v
                         its compaction events, and ``:compactNow``.
 ``merge-v2``            the session merge routes (`continuum_gateway.merges`); advertised (and
                         served) only when the gateway has a merge address.
+``agent-v1``            the turn routes of the reference agent runtime (`continuum_gateway.turns`);
+                        advertised only when the gateway is given the agent's address.
 
 The names are the `wire_name`s of continuum.capability.v1.Capability. Like every route outside the
 probes, it needs a bearer token.
@@ -23,12 +26,19 @@ from starlette.responses import JSONResponse, Response
 from continuum_gateway.proto_schema import JsonSchema, SchemaBuilder
 from continuum_gateway.routing import Operation, Resource, resource
 from continuum_gateway.settings import GatewaySettings
-from continuum_runtime.capabilities import COMPACTION_V1, HISTORY_OUTLINE_V1, MERGE_V2, TRANSCRIPT_V2
+from continuum_runtime.capabilities import AGENT_V1, COMPACTION_V1, HISTORY_OUTLINE_V1, MERGE_V2, TRANSCRIPT_V2
 
 
 def advertised(settings: GatewaySettings) -> tuple[str, ...]:
     """Every capability a gateway with `settings` (and the services behind it) supports."""
-    return (TRANSCRIPT_V2, HISTORY_OUTLINE_V1, COMPACTION_V1, *((MERGE_V2,) if settings.merge_address else ()))
+    return (
+        TRANSCRIPT_V2,
+        HISTORY_OUTLINE_V1,
+        COMPACTION_V1,
+        # Only with the service behind them: the merge routes and the reference agent's turn routes.
+        *((MERGE_V2,) if settings.merge_address else ()),
+        *((AGENT_V1,) if settings.agent_address else ()),
+    )
 
 
 def routes(settings: GatewaySettings) -> list[Resource]:

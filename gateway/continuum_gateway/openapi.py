@@ -27,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, WebSocketRoute
 
+from continuum.agent.v1 import error_reason_pb2 as agent_reasons
 from continuum.compaction.v1 import error_reason_pb2 as compaction_reasons
 from continuum.gateway.v1 import error_reason_pb2 as gateway_reasons
 from continuum.merge.v1 import error_reason_pb2 as merge_reasons
@@ -67,7 +68,8 @@ parameters are refused.
 
 **Errors** are AIP-193 bodies (the `Error` schema): `code` is the HTTP status, `status` the gRPC code
 name, and `details` hold an `ErrorInfo` (its `reason` is the machine code, its `domain` says who
-refused: `gateway.continuum`, `transcript.continuum`, `compaction.continuum` or `merge.continuum`)
+refused: `gateway.continuum`, `transcript.continuum`, `compaction.continuum`, `merge.continuum` or
+`agent.continuum`)
 and, for a malformed request, a `BadRequest` whose `fieldViolations` name each field as the request
 spelled it (a path parameter by its name in the route). A merge conflict also carries the merge
 operation as it stands (`@type` `type.googleapis.com/continuum.merge.v1.MergeOperation`).
@@ -140,6 +142,7 @@ def document(app_routes: Sequence[BaseRoute], comments: ProtoComments) -> dict[s
             transcript_reasons.ErrorReason,
             compaction_reasons.ErrorReason,
             merge_reasons.ErrorReason,
+            agent_reasons.ErrorReason,
         )
     ]
     relayed = [_relayed_detail(descriptor_of(kind), schemas) for kind in RELAYED_DETAILS.values()]

@@ -38,6 +38,8 @@ class GatewaySettings(BaseSettings):
     # host:port of the merge gRPC service. Empty: no merge service, so no merge routes and no
     # `merge-v2` capability.
     merge_address: str = ""
+    # host:port of the reference agent runtime; empty: no turn routes and no `agent-v1` capability.
+    agent_address: str = ""
     # The credential the gateway presents to the services.
     service_token: SecretStr = SecretStr("")
     # Browser bearer token -> user id, given as a JSON object. Keys are secrets; the ids are not.

@@ -18,6 +18,7 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from starlette.requests import HTTPConnection, Request
 
+from continuum.agent.v1 import agent_service_pb2, agent_service_pb2_grpc
 from continuum.compaction.v1 import compaction_service_pb2, compaction_service_pb2_grpc
 from continuum.merge.v1 import merge_service_pb2, merge_service_pb2_grpc
 from continuum.transcript.v1 import transcript_service_pb2, transcript_service_pb2_grpc
@@ -35,6 +36,8 @@ COMPACTION = "compaction"
 COMPACTION_SERVICE = compaction_service_pb2.DESCRIPTOR.services_by_name["CompactionService"].full_name
 MERGE = "merge"
 MERGE_SERVICE = merge_service_pb2.DESCRIPTOR.services_by_name["MergeService"].full_name
+AGENT = "agent"
+AGENT_SERVICE = agent_service_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
 # Key of the lifespan state entry holding the `Upstreams`.
 STATE_KEY = "upstreams"
 # The health service's name for a ready upstream.
@@ -60,6 +63,12 @@ class Upstreams:
         self._merge_health = (
             health_pb2_grpc.HealthStub(self._merge_channel) if self._merge_channel is not None else None
         )
+        # The reference agent runtime is optional: without its address there is no channel to it.
+        self._agent_channel = (
+            open_channel(settings.agent_address, settings.grpc_max_message_bytes) if settings.agent_address else None
+        )
+        self.agent = agent_service_pb2_grpc.AgentServiceStub(self._agent_channel) if self._agent_channel else None
+        self._agent_health = health_pb2_grpc.HealthStub(self._agent_channel) if self._agent_channel else None
         self._service_token = settings.service_token
         self._timeout = settings.upstream_timeout_seconds
         self._readiness_timeout = settings.readiness_timeout_seconds
@@ -90,6 +99,13 @@ class Upstreams:
         A failed call raises `UpstreamError`, which the app turns into the matching HTTP error.
         """
         return await self._call(MERGE, rpc, request, user)
+
+    async def call_agent(self, rpc: Callable[..., Awaitable[Any]], request: Message, *, user: str) -> Any:
+        """Call an agent RPC (e.g. ``upstreams.agent.StartTurn``) on behalf of `user`.
+
+        A failed call raises `UpstreamError`, which the app turns into the matching HTTP error.
+        """
+        return await self._call(AGENT, rpc, request, user)
 
     async def _call(self, upstream: str, rpc: Callable[..., Awaitable[Any]], request: Message, user: str) -> Any:
         metadata = call_metadata(self._service_token.get_secret_value(), user)
@@ -142,6 +158,8 @@ class Upstreams:
         }
         if self._merge_health is not None:
             checks[MERGE] = self._check(self._merge_health, MERGE_SERVICE)
+        if self._agent_health is not None:
+            checks[AGENT] = self._check(self._agent_health, AGENT_SERVICE)
         statuses = await asyncio.gather(*checks.values())
         return dict(zip(checks, statuses, strict=True))
 
@@ -159,6 +177,8 @@ class Upstreams:
         await self._compaction_channel.close()
         if self._merge_channel is not None:
             await self._merge_channel.close()
+        if self._agent_channel is not None:
+            await self._agent_channel.close()
 
 
 @asynccontextmanager
@@ -172,6 +192,7 @@ async def connect(settings: GatewaySettings) -> AsyncIterator[Upstreams]:
             TRANSCRIPT: settings.transcript_address,
             COMPACTION: settings.compaction_address,
             MERGE: settings.merge_address or "not configured",
+            AGENT: settings.agent_address or None,
         },
     )
     try:
@@ -233,3 +254,14 @@ async def call_merge(request: Request, select: MergeRpc, message: Message) -> An
     if upstreams.merge is None:
         raise RuntimeError("merge routes are served without a merge address")
     return await upstreams.call_merge(select(upstreams.merge), message, user=acting_user(request))
+
+
+AgentRpc = Callable[[agent_service_pb2_grpc.AgentServiceStub], Callable[..., Awaitable[Any]]]
+
+
+async def call_agent(request: Request, select: AgentRpc, message: Message) -> Any:
+    """Call the agent RPC `select` picks (e.g. ``lambda a: a.StartTurn``) for the request's user."""
+    upstreams = upstreams_of(request)
+    if upstreams.agent is None:
+        raise RuntimeError("the turn routes are served only when GATEWAY_AGENT_ADDRESS is set")
+    return await upstreams.call_agent(select(upstreams.agent), message, user=acting_user(request))

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import descriptor_pb2 as google_dot_protobuf_dot_descriptor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(continuum/capability/v1/capability.proto\x12\x17\x63ontinuum.capability.v1\x1a google/protobuf/descriptor.proto*\xec\x01\n\nCapability\x12\x1a\n\x16\x43\x41PABILITY_UNSPECIFIED\x10\x00\x12/\n\x18\x43\x41PABILITY_TRANSCRIPT_V2\x10\x01\x1a\x11\xa2\xbb\x18\rtranscript-v2\x12\x39\n\x1d\x43\x41PABILITY_HISTORY_OUTLINE_V1\x10\x02\x1a\x16\xa2\xbb\x18\x12history-outline-v1\x12/\n\x18\x43\x41PABILITY_COMPACTION_V1\x10\x03\x1a\x11\xa2\xbb\x18\rcompaction-v1\x12%\n\x13\x43\x41PABILITY_MERGE_V2\x10\x04\x1a\x0c\xa2\xbb\x18\x08merge-v2:6\n\twire_name\x12!.google.protobuf.EnumValueOptions\x18\xb4\x87\x03 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(continuum/capability/v1/capability.proto\x12\x17\x63ontinuum.capability.v1\x1a google/protobuf/descriptor.proto*\x93\x02\n\nCapability\x12\x1a\n\x16\x43\x41PABILITY_UNSPECIFIED\x10\x00\x12/\n\x18\x43\x41PABILITY_TRANSCRIPT_V2\x10\x01\x1a\x11\xa2\xbb\x18\rtranscript-v2\x12\x39\n\x1d\x43\x41PABILITY_HISTORY_OUTLINE_V1\x10\x02\x1a\x16\xa2\xbb\x18\x12history-outline-v1\x12/\n\x18\x43\x41PABILITY_COMPACTION_V1\x10\x03\x1a\x11\xa2\xbb\x18\rcompaction-v1\x12%\n\x13\x43\x41PABILITY_MERGE_V2\x10\x04\x1a\x0c\xa2\xbb\x18\x08merge-v2\x12%\n\x13\x43\x41PABILITY_AGENT_V1\x10\x05\x1a\x0c\xa2\xbb\x18\x08\x61gent-v1:6\n\twire_name\x12!.google.protobuf.EnumValueOptions\x18\xb4\x87\x03 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,6 +40,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CAPABILITY'].values_by_name["CAPABILITY_COMPACTION_V1"]._serialized_options = b'\242\273\030\rcompaction-v1'
   _globals['_CAPABILITY'].values_by_name["CAPABILITY_MERGE_V2"]._loaded_options = None
   _globals['_CAPABILITY'].values_by_name["CAPABILITY_MERGE_V2"]._serialized_options = b'\242\273\030\010merge-v2'
+  _globals['_CAPABILITY'].values_by_name["CAPABILITY_AGENT_V1"]._loaded_options = None
+  _globals['_CAPABILITY'].values_by_name["CAPABILITY_AGENT_V1"]._serialized_options = b'\242\273\030\010agent-v1'
   _globals['_CAPABILITY']._serialized_start=104
-  _globals['_CAPABILITY']._serialized_end=340
+  _globals['_CAPABILITY']._serialized_end=379
 # @@protoc_insertion_point(module_scope)

@@ -33,6 +33,8 @@ class _CapabilityEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Capability
     """Compaction summaries, compaction events and manual compaction."""
     CAPABILITY_MERGE_V2: _Capability.ValueType  # 4
     """Session merges (protocol version 2): sealed snapshot packages, resumable units, atomic publish."""
+    CAPABILITY_AGENT_V1: _Capability.ValueType  # 5
+    """Turns of the reference agent runtime: POST /v1/sessions/{id}/turns and :stop."""
 
 class Capability(_Capability, metaclass=_CapabilityEnumTypeWrapper):
     """The protocol capabilities Continuum peers advertise. A peer lacking a capability a call needs is
@@ -49,6 +51,8 @@ CAPABILITY_COMPACTION_V1: Capability.ValueType  # 3
 """Compaction summaries, compaction events and manual compaction."""
 CAPABILITY_MERGE_V2: Capability.ValueType  # 4
 """Session merges (protocol version 2): sealed snapshot packages, resumable units, atomic publish."""
+CAPABILITY_AGENT_V1: Capability.ValueType  # 5
+"""Turns of the reference agent runtime: POST /v1/sessions/{id}/turns and :stop."""
 Global___Capability: _TypeAlias = Capability  # noqa: Y015
 
 WIRE_NAME_FIELD_NUMBER: _builtins.int

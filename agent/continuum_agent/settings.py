@@ -1,0 +1,61 @@
+"""Agent settings, read once at start from `AGENT_*` environment variables."""
+
+from __future__ import annotations
+
+from typing import Self
+
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from continuum_runtime.provider import ProviderSettings
+from continuum_runtime.settings import ServiceSettings
+
+
+class AgentSettings(ServiceSettings):
+    """The agent keeps nothing persistent: the database fields of `ServiceSettings` are unused."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="AGENT_",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="ignore",
+        hide_input_in_errors=True,
+    )
+
+    port: int = Field(default=50154, ge=0, le=65535)
+    # host:port of transcript and compaction; both accept the same service token.
+    transcript_address: str = "127.0.0.1:50151"
+    compaction_address: str = "127.0.0.1:50152"
+    # Deadline of one call to transcript or compaction (BuildContext may summarize first: long).
+    transcript_timeout_seconds: float = Field(default=30.0, gt=0)
+    compaction_timeout_seconds: float = Field(default=600.0, gt=0)
+
+    # Lease of a turn's RUN claim: a killed agent stops blocking its sessions after this long at most.
+    claim_ttl_seconds: float = Field(default=15.0, ge=1, le=3600)
+    # The claim is renewed this often while the turn runs, well inside the lease.
+    claim_renew_seconds: float = Field(default=5.0, gt=0)
+    # Model requests of one turn (each followed by a tool round unless the model answers).
+    max_model_rounds: int = Field(default=8, ge=1, le=100)
+    # Turns this process runs at once (across all sessions).
+    max_running_turns: int = Field(default=64, ge=1)
+    # The model's context window, passed to BuildContext; 0 lets compaction use its default.
+    context_window_tokens: int = Field(default=0, ge=0)
+    # The answer is streamed to transcript in pieces of at most this many characters, one piece per
+    # model delta (the offline provider's deltas are words, paced by `offline_delta_seconds`).
+    chunk_max_chars: int = Field(default=4096, ge=1, le=16384)
+    # Pause between the offline model's streamed words, so a person sees an answer being written.
+    offline_delta_seconds: float = Field(default=0.03, ge=0)
+    # A tool result's largest size in bytes; a file read gives at most half of it (the result then says
+    # "truncated": true), and a larger result is replaced by a refusal that says so.
+    tool_result_max_bytes: int = Field(default=64 * 1024, ge=1024, le=4 * 1024 * 1024)
+    # client_request_ids remembered per process for idempotent StartTurn retries.
+    remembered_requests: int = Field(default=4096, ge=1)
+
+    # AGENT_PROVIDER__KIND=openai, AGENT_PROVIDER__BASE_URL=..., etc.; offline by default.
+    provider: ProviderSettings = ProviderSettings()
+
+    @model_validator(mode="after")
+    def _renewal_within_lease(self) -> Self:
+        if self.claim_renew_seconds >= self.claim_ttl_seconds:
+            raise ValueError("claim_renew_seconds must be shorter than claim_ttl_seconds")
+        return self
