@@ -60,7 +60,7 @@ lint: $(DEV) protos-check buf-lint buf-breaking
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	# One mypy run per suite: every suite has its own conftest.py.
-	for tree in runtime services/transcript services/compaction clients gateway "cli tests" "bench scripts conftest.py"; do $(VENV)/bin/mypy $$tree || exit 1; done
+	for tree in runtime services/transcript services/compaction services/merge clients gateway "cli tests" "bench scripts conftest.py"; do $(VENV)/bin/mypy $$tree || exit 1; done
 	$(VENV)/bin/lint-imports --no-cache --no-logo
 
 test: setup lint

@@ -28,7 +28,7 @@ def test_every_package_of_the_project_is_analysed() -> None:
 
 def test_every_service_is_independent_and_forbidden_to_gateway_clients_cli_and_runtime() -> None:
     services = set().union(*(_packages(str(path.relative_to(ROOT))) for path in (ROOT / "services").iterdir()))
-    assert {"continuum_transcript", "continuum_compaction"} <= services
+    assert {"continuum_transcript", "continuum_compaction", "continuum_merge"} <= services
 
     assert set(CONTRACTS["services-independent"]["modules"]) == services
     assert set(CONTRACTS["services-import-no-front"]["source_modules"]) == services

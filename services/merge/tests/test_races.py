@@ -1,0 +1,138 @@
+"""Races of real clients on PostgreSQL: the database, not luck, decides who wins.
+
+Each test holds an EXCLUSIVE lock on session_merges (reads pass, writes queue), starts the racing
+calls, waits until PostgreSQL shows their writes queued behind the lock, then releases it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import grpc
+import pytest
+from merge_testing import MergeStack, conflict_operation, running_merge
+from race_testing import until_waiting
+from sqlalchemy import text
+
+from continuum.merge.v1 import merge_service_pb2 as api
+from continuum.merge.v1 import resources_pb2 as pb
+from continuum_runtime.errors import error_details
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+async def stack(tmp_path: Path, postgres_url: str) -> AsyncIterator[MergeStack]:
+    """Both services on PostgreSQL, the worker off."""
+    async with running_merge(tmp_path, postgres_url, overrides={"worker_enabled": False}) as started:
+        yield started
+
+
+@asynccontextmanager
+async def writes_held(stack: MergeStack) -> AsyncIterator[None]:
+    """Queue every write to session_merges until the block ends."""
+    async with stack.database.transaction() as connection:
+        await connection.execute(text("LOCK TABLE session_merges IN EXCLUSIVE MODE"))
+        yield
+
+
+def spawn(call: Awaitable[object]) -> asyncio.Future[object]:
+    """Run a call (a coroutine or a gRPC call object) concurrently."""
+    return asyncio.ensure_future(call)
+
+
+async def outcomes(*calls: asyncio.Future[object]) -> list[object]:
+    """Each call's answer or its AioRpcError."""
+    return list(await asyncio.gather(*calls, return_exceptions=True))
+
+
+async def test_two_starts_with_different_keys_one_wins(stack: MergeStack) -> None:
+    for session_id in ("a", "b", "c", "d"):
+        await stack.new_session(session_id)
+    async with writes_held(stack):
+        first = spawn(stack.start(["a", "b"], key="k1"))
+        second = spawn(stack.start(["c", "d"], key="k2"))
+        await until_waiting(stack.database, 2, "both starts inserting")
+    results = await outcomes(first, second)
+
+    won = [result for result in results if isinstance(result, api.StartMergeResponse)]
+    lost = [result for result in results if isinstance(result, grpc.aio.AioRpcError)]
+    assert len(won) == 1
+    assert len(lost) == 1
+    assert error_details(lost[0]).reason == "MERGE_ACTIVE_EXISTS"
+    winner = won[0].operation.progress
+    assert conflict_operation(lost[0]).progress.operation_id == winner.operation_id
+    # The loser never claimed: its sources are free for a turn; the winner's are held.
+    losing_sources = ["c", "d"] if list(winner.locked_source_session_ids) == ["a", "b"] else ["a", "b"]
+    for session_id in losing_sources:
+        await stack.run_claim(session_id)
+
+
+async def test_the_same_key_twice_makes_one_operation(stack: MergeStack) -> None:
+    for session_id in ("a", "b"):
+        await stack.new_session(session_id)
+    async with writes_held(stack):
+        first = spawn(stack.start(["a", "b"], key="k"))
+        second = spawn(stack.start(["b", "a"], key="k", primary_session_id="a"))
+        await until_waiting(stack.database, 2, "both starts inserting")
+    results = await outcomes(first, second)
+
+    assert all(isinstance(result, api.StartMergeResponse) for result in results), results
+    responses = [result for result in results if isinstance(result, api.StartMergeResponse)]
+    assert sorted(response.created for response in responses) == [False, True]
+    assert len({response.operation.progress.operation_id for response in responses}) == 1
+
+
+async def test_duplicate_resume_one_wins(stack: MergeStack) -> None:
+    for session_id in ("a", "b"):
+        await stack.new_session(session_id)
+    operation_id = (await stack.start(["a", "b"])).operation.progress.operation_id
+    await stack.pause(operation_id)
+    request = api.ResumeMergeRequest(operation_id=operation_id, expected_epoch=1)
+    async with writes_held(stack):
+        calls = [spawn(stack.stub.ResumeMerge(request, metadata=stack.user())) for _ in range(2)]
+        await until_waiting(stack.database, 2, "both resumes updating")
+    results = await outcomes(*calls)
+
+    won = [result for result in results if isinstance(result, api.ResumeMergeResponse)]
+    lost = [result for result in results if isinstance(result, grpc.aio.AioRpcError)]
+    assert len(won) == 1
+    assert len(lost) == 1
+    assert error_details(lost[0]).reason == "MERGE_STALE_OPERATION"
+    assert conflict_operation(lost[0]).progress.run_epoch == 2
+    assert won[0].operation.progress.run_epoch == 2
+    assert won[0].operation.progress.status == pb.MERGE_STATUS_PREPARING
+
+
+async def test_cancel_against_resume_ends_cancelled_in_either_order(stack: MergeStack) -> None:
+    for session_id in ("a", "b"):
+        await stack.new_session(session_id)
+    operation_id = (await stack.start(["a", "b"])).operation.progress.operation_id
+    await stack.pause(operation_id)
+    async with writes_held(stack):
+        cancel = spawn(stack.stub.CancelMerge(api.CancelMergeRequest(operation_id=operation_id), metadata=stack.user()))
+        resume = spawn(
+            stack.stub.ResumeMerge(
+                api.ResumeMergeRequest(operation_id=operation_id, expected_epoch=1), metadata=stack.user()
+            )
+        )
+        await until_waiting(stack.database, 2, "the cancel and the resume updating")
+    cancelled, resumed = await outcomes(cancel, resume)
+
+    # A cancel never loses to a resume: a resume that ran first is superseded by it (one more epoch).
+    assert isinstance(cancelled, api.CancelMergeResponse)
+    assert cancelled.operation.progress.status == pb.MERGE_STATUS_CANCELLED
+    if isinstance(resumed, grpc.aio.AioRpcError):
+        assert error_details(resumed).reason == "MERGE_STALE_OPERATION"
+        assert cancelled.operation.progress.run_epoch == 2
+    else:
+        assert isinstance(resumed, api.ResumeMergeResponse)
+        assert cancelled.operation.progress.run_epoch == 3
+    final = await stack.get(operation_id)
+    assert final.progress.status == pb.MERGE_STATUS_CANCELLED
+    assert not (await stack.stub.GetActiveMerge(api.GetActiveMergeRequest(), metadata=stack.user())).HasField(
+        "operation"
+    )
