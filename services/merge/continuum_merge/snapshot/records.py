@@ -1,0 +1,185 @@
+"""Records of the package: origin identity, content version, recordRef, raw JSON and text projection.
+
+`recordRef` is the full sha256 of the canonical JSON of the origin identity (kind, session id, record
+id) and the content version. The version of a message is the sha256 of what it says: role, content,
+tool calls, tool call id, status (its stop reason) and its semantic metadata; never when it was copied
+and never usage. So the same message read twice (directly, and again through an earlier merge's
+package) is one record, and an edited message is another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from google.protobuf import json_format
+
+from continuum.transcript.v1 import resources_pb2 as tpb
+from continuum_merge.snapshot.layout import TEXT_PART_BYTES
+
+# Metadata keys that are not what a message says: token usage and the wrapper of an earlier handoff.
+NON_SEMANTIC_METADATA = frozenset({"usage", "handoffOrigin"})
+# Tool metadata whose display snapshot the text projection leaves out (the raw record keeps it).
+EDIT_DIFF_SCHEMA = "edit-diff/v1"
+EDIT_DIFF_DISPLAY_KEY = "structuredResult"
+
+MESSAGE = "message"
+SESSION = "session"
+EXTRACT = "extract"
+REFERENCE = "reference"
+
+
+def canonical(value: object) -> bytes:
+    """The one serialization hashed everywhere: JSON with sorted keys, no spaces, UTF-8."""
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+
+
+def sha256_hex(data: bytes) -> str:
+    """Lowercase hex sha256."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def record_ref(kind: str, session_id: str, record_id: str, version: str) -> str:
+    """The full sha256 of origin identity + content version."""
+    return sha256_hex(canonical({"kind": kind, "sessionId": session_id, "recordId": record_id, "version": version}))
+
+
+@dataclass(frozen=True)
+class PreparedRecord:
+    """A record ready to be written: its row (without package paths), raw JSON and text projection."""
+
+    record_ref: str
+    origin: Mapping[str, str]
+    role: str
+    created_at: str
+    processing_policy: str
+    raw: bytes
+    text: bytes
+
+
+def _struct(value: Any) -> dict[str, Any]:
+    converted: dict[str, Any] = json_format.MessageToDict(value)
+    return converted
+
+
+def _content(message: tpb.Message) -> list[dict[str, Any]]:
+    parts: list[dict[str, Any]] = []
+    for part in message.content:
+        if part.WhichOneof("part") == "attachment":
+            attachment = part.attachment
+            parts.append({"attachment": {"attachmentId": attachment.attachment_id, "mediaType": attachment.media_type}})
+        else:
+            parts.append({"text": part.text})
+    return parts
+
+
+def prepare_message(message: tpb.Message, root_session_id: str) -> PreparedRecord:
+    """A transcript message as a record: identity (session, message id) and version from its content."""
+    role = tpb.MessageRole.Name(message.role).removeprefix("MESSAGE_ROLE_")
+    status = tpb.MessageStatus.Name(message.status).removeprefix("MESSAGE_STATUS_")
+    metadata = _struct(message.metadata)
+    content = _content(message)
+    tool_calls = [
+        {"toolCallId": call.tool_call_id, "name": call.name, "arguments": call.arguments} for call in message.tool_calls
+    ]
+    semantic = {key: value for key, value in metadata.items() if key not in NON_SEMANTIC_METADATA}
+    said = {
+        "role": role,
+        "content": content,
+        "toolCalls": tool_calls,
+        "toolCallId": message.tool_call_id,
+        "status": status,
+        "metadata": semantic,
+    }
+    version = sha256_hex(canonical(said))
+    record_id = str(message.message_id)
+    ref = record_ref(MESSAGE, message.session_id, record_id, version)
+    origin = {"kind": MESSAGE, "sessionId": message.session_id, "recordId": record_id, "version": version}
+    created_at = message.create_time.ToJsonString() if message.HasField("create_time") else ""
+    raw = {
+        "recordRef": ref,
+        "origin": origin,
+        "rootSessionId": root_session_id,
+        "createdAt": created_at,
+        "message": {**said, "metadata": metadata, "resultTruncated": message.result_truncated},
+    }
+    text = _message_text(message.message_id, message.session_id, role, status, content, tool_calls, metadata)
+    return PreparedRecord(ref, origin, role, created_at, EXTRACT, canonical(raw), text.encode())
+
+
+def _message_text(
+    message_id: int,
+    session_id: str,
+    role: str,
+    status: str,
+    content: list[dict[str, Any]],
+    tool_calls: list[dict[str, str]],
+    metadata: dict[str, Any],
+) -> str:
+    lines = [
+        f"[{role} message {message_id} of session {session_id}{', interrupted' if status == 'INTERRUPTED' else ''}]"
+    ]
+    for part in content:
+        if "attachment" in part:
+            attachment = part["attachment"]
+            lines.append(f"[attachment {attachment['attachmentId']} {attachment['mediaType']}]")
+        else:
+            lines.append(part["text"])
+    for call in tool_calls:
+        lines.append(f"[tool call {call['toolCallId']} {call['name']}]")
+        lines.append(call["arguments"])
+    shown = projected_metadata(metadata)
+    if shown:
+        lines.append("[metadata] " + canonical(shown).decode())
+    return "\n".join(lines) + "\n"
+
+
+def projected_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """Metadata as the text projection shows it: an `edit-diff/v1` tool result without its
+    `structuredResult` display snapshot; everything else as stored."""
+    if metadata.get("schema") == EDIT_DIFF_SCHEMA:
+        return {key: value for key, value in metadata.items() if key != EDIT_DIFF_DISPLAY_KEY}
+    return dict(metadata)
+
+
+def prepare_session(session: tpb.Session) -> PreparedRecord:
+    """A session of a source tree as a reference record: where it sits and what it was called."""
+    kind = tpb.SessionKind.Name(session.kind).removeprefix("SESSION_KIND_")
+    described = {
+        "kind": kind,
+        "parentSessionId": session.parent_session_id,
+        "rootSessionId": session.root_session_id,
+        "title": session.title,
+        "model": session.model,
+        "workingDirectory": session.working_directory,
+        "metadata": _struct(session.metadata),
+    }
+    version = sha256_hex(canonical(described))
+    ref = record_ref(SESSION, session.session_id, session.session_id, version)
+    origin = {"kind": SESSION, "sessionId": session.session_id, "recordId": session.session_id, "version": version}
+    created_at = session.create_time.ToJsonString() if session.HasField("create_time") else ""
+    raw = {"recordRef": ref, "origin": origin, "createdAt": created_at, "session": described}
+    text = (
+        f"[session {session.session_id} ({kind}) of tree {session.root_session_id}"
+        f"{', parent ' + session.parent_session_id if session.parent_session_id else ''}]\n"
+        f"title: {session.title}\nmodel: {session.model}\nworking directory: {session.working_directory}\n"
+    )
+    return PreparedRecord(ref, origin, "reference", created_at, REFERENCE, canonical(raw), text.encode())
+
+
+def utf8_parts(data: bytes, limit: int = TEXT_PART_BYTES) -> Iterator[bytes]:
+    """`data` (valid UTF-8) in consecutive parts of at most `limit` bytes, each ending on a code point
+    boundary (a cut never lands before a continuation byte). Empty text is one empty part."""
+    if not data:
+        yield b""
+        return
+    start = 0
+    while start < len(data):
+        end = min(start + limit, len(data))
+        while end < len(data) and data[end] & 0xC0 == 0x80:
+            end -= 1
+        yield data[start:end]
+        start = end

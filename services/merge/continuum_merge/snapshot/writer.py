@@ -1,0 +1,255 @@
+"""Writing the staging tree: files hashed as their bytes go out, JSONL streams hashed line by line, and
+the free disk checked against the reserve before anything is written. Blocking I/O: callers run these
+methods in a worker thread."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from continuum_merge.snapshot.errors import DiskReserveShort
+from continuum_merge.snapshot.layout import (
+    ASSETS_DIR,
+    FILES,
+    GAPS,
+    OCCURRENCES,
+    RAW_DIR,
+    RECORDS,
+    STREAMS,
+    TEXT_DIR,
+    asset_path,
+    raw_path,
+    text_path,
+)
+from continuum_merge.snapshot.records import PreparedRecord, canonical, utf8_parts
+
+# Free space is asked again after at most this many bytes were written since the last look.
+RESERVE_CHECK_BYTES = 4 * 1024 * 1024
+STREAM_BUFFER_BYTES = 1024 * 1024
+WRITER_THREADS = 4
+
+
+def disk_free(path: Path) -> int:
+    """Bytes available to this process on the file system holding `path`."""
+    return shutil.disk_usage(path).free
+
+
+class JsonlStream:
+    """One append-only JSONL file whose sha256, line count and size grow with every line written."""
+
+    def __init__(self, path: Path) -> None:
+        self._handle: BinaryIO = path.open("xb", buffering=STREAM_BUFFER_BYTES)
+        self._digest = hashlib.sha256()
+        self.count = 0
+        self.size = 0
+
+    def write(self, row: Mapping[str, Any]) -> int:
+        """Append one row; the bytes written."""
+        line = canonical(row) + b"\n"
+        self._digest.update(line)
+        self._handle.write(line)
+        self.count += 1
+        self.size += len(line)
+        return len(line)
+
+    def close(self) -> None:
+        """Flush and close (idempotent)."""
+        if not self._handle.closed:
+            self._handle.close()
+
+    def describe(self) -> dict[str, int | str]:
+        """What the manifest records of the stream."""
+        return {"sha256": self._digest.hexdigest(), "count": self.count, "bytes": self.size}
+
+
+class AssetCopy:
+    """Attachment bytes on their way into assets/: written to a scratch file and hashed chunk by chunk,
+    then renamed to their digest (or discarded)."""
+
+    def __init__(self, writer: PackageWriter, scratch: Path) -> None:
+        self._writer = writer
+        self._scratch = scratch
+        self._handle: BinaryIO = scratch.open("xb")
+        self._digest = hashlib.sha256()
+        self.size = 0
+
+    def write(self, chunk: bytes) -> None:
+        """Append one chunk (checking the reserve first)."""
+        self._writer.reserve(len(chunk))
+        self._digest.update(chunk)
+        self._handle.write(chunk)
+        self.size += len(chunk)
+
+    @property
+    def sha256(self) -> str:
+        """The digest of what was written so far."""
+        return self._digest.hexdigest()
+
+    def keep(self) -> str:
+        """Rename into assets/<sha256>; the package path."""
+        self._handle.close()
+        path = asset_path(self.sha256)
+        os.replace(self._scratch, self._writer.staging / path)
+        return path
+
+    def discard(self) -> None:
+        """Drop the scratch file."""
+        self._handle.close()
+        self._scratch.unlink(missing_ok=True)
+
+
+class PackageWriter:
+    """The staging directory of one snapshot version being written."""
+
+    def __init__(self, staging: Path, reserve_bytes: int, free_space: Callable[[Path], int] = disk_free) -> None:
+        self.staging = staging
+        self._reserve_bytes = reserve_bytes
+        self._free_space = free_space
+        self._unchecked = RESERVE_CHECK_BYTES  # look at the disk before the first byte
+        self._scratch_count = 0
+        self.byte_count = 0
+        self.blocking: list[str] = []
+        for directory in (RAW_DIR, TEXT_DIR, ASSETS_DIR):
+            (staging / directory).mkdir(parents=True)
+        self.streams = {name: JsonlStream(staging / name) for name in STREAMS}
+        # Creating a file costs more than writing it on some file systems: a few threads overlap that.
+        self._pool = ThreadPoolExecutor(max_workers=WRITER_THREADS, thread_name_prefix="snapshot-writer")
+
+    def reserve(self, upcoming: int) -> None:
+        """Refuse to write `upcoming` more bytes once the free space, less what was written since the
+        last look, would fall below the reserve. The disk is asked every few MiB, not every write."""
+        self._unchecked += upcoming
+        if self._unchecked < RESERVE_CHECK_BYTES:
+            return
+        free = self._free_space(self.staging)
+        if free - upcoming < self._reserve_bytes:
+            raise DiskReserveShort(free, self._reserve_bytes)
+        self._unchecked = 0
+
+    def has_record(self, record_ref: str) -> bool:
+        """Whether a record with this identity and version is already in the package (the raw file is
+        the set: nothing per record is held in memory)."""
+        return (self.staging / raw_path(record_ref)).exists()
+
+    def has_asset(self, sha256: str) -> bool:
+        """Whether bytes with this digest are already in assets/."""
+        return (self.staging / asset_path(sha256)).exists()
+
+    def open_asset(self) -> AssetCopy:
+        """A scratch file for incoming attachment bytes."""
+        self._scratch_count += 1
+        return AssetCopy(self, self.staging / ASSETS_DIR / f".incoming-{self._scratch_count}")
+
+    def add_records(self, batch: Sequence[tuple[PreparedRecord, Sequence[Mapping[str, Any]]]]) -> None:
+        """Write new records (each with the files rows of its assets): their raw JSON and text parts are
+        written by the writer threads at once, then each record's files rows and records line, in order."""
+        pending: list[tuple[PreparedRecord, Sequence[Mapping[str, Any]], list[tuple[str, int, Future[str]]]]] = []
+        for record, assets in batch:
+            contents = [(raw_path(record.record_ref), record.raw)]
+            contents += [
+                (text_path(record.record_ref, part), data) for part, data in enumerate(utf8_parts(record.text))
+            ]
+            self.reserve(sum(len(data) for _, data in contents))
+            files = [
+                (path, len(data), self._pool.submit(_write_new, self.staging / path, data)) for path, data in contents
+            ]
+            pending.append((record, assets, files))
+        for record, assets, files in pending:
+            ref = record.record_ref
+            for part, (path, size, written) in enumerate(files, start=-1):
+                row: dict[str, Any] = {"ref": f"r_{ref}", "part": None, "kind": "raw"}
+                if part >= 0:
+                    row = {"ref": f"r_{ref}:p{part}", "part": part, "kind": "text"}
+                sha = written.result()
+                self.streams[FILES].write({**row, "recordRef": ref, "path": path, "bytes": size, "sha256": sha})
+                self.byte_count += size
+            for asset in assets:
+                self.streams[FILES].write({**asset, "recordRef": ref})
+                self.byte_count += int(asset["bytes"])
+            self.streams[RECORDS].write(
+                {
+                    "recordRef": ref,
+                    "origin": dict(record.origin),
+                    "role": record.role,
+                    "createdAt": record.created_at,
+                    "rawRef": raw_path(ref),
+                    "textParts": len(files) - 1,
+                    "processingPolicy": record.processing_policy,
+                }
+            )
+
+    def copy_record_file(self, source: Path, path: str) -> str:
+        """Copy one file of an earlier package into the same place here, hashing while copying; its sha256.
+        (The caller counts its bytes from the earlier package's files row.)"""
+        digest = hashlib.sha256()
+        with source.open("rb") as reading, (self.staging / path).open("xb") as writing:
+            while chunk := reading.read(STREAM_BUFFER_BYTES):
+                self.reserve(len(chunk))
+                digest.update(chunk)
+                writing.write(chunk)
+        return digest.hexdigest()
+
+    def occurrence(self, row: Mapping[str, Any]) -> None:
+        """A record seen again at another position."""
+        self.streams[OCCURRENCES].write(row)
+
+    def gap(self, row: Mapping[str, Any]) -> None:
+        """Something history lacks (non-blocking)."""
+        self.streams[GAPS].write(row)
+
+    def close(self) -> None:
+        """Flush and close every stream; stop the writer threads."""
+        self._pool.shutdown()
+        for stream in self.streams.values():
+            stream.close()
+
+
+def _write_new(path: Path, data: bytes) -> str:
+    """Create `path` (it must not exist) holding `data`; the sha256 of `data`."""
+    with path.open("xb") as handle:
+        handle.write(data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def fresh_directory(path: Path) -> None:
+    """An empty directory at `path`: whatever an earlier attempt left there is removed, never reused."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+
+
+def sync_tree(root: Path) -> None:
+    """Make every file under `root` durable: one syncfs(2) of its file system where the C library has
+    it, otherwise an fsync of each file and directory."""
+    descriptor = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        syncfs = getattr(ctypes.CDLL(None, use_errno=True), "syncfs", None)
+        if syncfs is not None and syncfs(descriptor) == 0:
+            return
+    finally:
+        os.close(descriptor)
+    for directory, _, names in os.walk(root):
+        for name in names:
+            file_descriptor = os.open(Path(directory) / name, os.O_RDONLY)
+            try:
+                os.fsync(file_descriptor)
+            finally:
+                os.close(file_descriptor)
+        sync_directory(Path(directory))
+
+
+def sync_directory(path: Path) -> None:
+    """fsync a directory, so renames and new entries in it are durable."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

@@ -1,0 +1,113 @@
+"""The seal as a commit point: a crash before it leaves only staging (redone with a new version, never
+spliced), a crash after it leaves a snapshot that verifies, and a short disk stops the copy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from snapshot_testing import rows, running_sources, text_message
+
+from continuum.transcript.v1 import resources_pb2 as tpb
+from continuum_merge.snapshot import AFTER_SEAL, BEFORE_SEAL, DiskReserveShort, build_snapshot, verify_snapshot
+from continuum_merge.snapshot.records import utf8_parts
+
+MIB = 1024 * 1024
+
+
+class Crash(Exception):
+    """Stands for the process dying at a failpoint."""
+
+
+def crash_at(name: str) -> Callable[[str], None]:
+    """A failpoint that raises at `name`."""
+
+    def failpoint(reached: str) -> None:
+        if reached == name:
+            raise Crash(reached)
+
+    return failpoint
+
+
+async def test_crash_before_the_seal_is_redone_with_a_new_version(tmp_path: Path, database_url: str) -> None:
+    async with running_sources(tmp_path, database_url) as sources:
+        await sources.session("a")
+        await sources.append("a", text_message(tpb.MESSAGE_ROLE_USER, "one"))
+        cuts = await sources.cuts("a")
+        package = tmp_path / "op"
+        with pytest.raises(Crash):
+            await build_snapshot(
+                sources.reader, cuts, package, version=1, disk_reserve_bytes=0, failpoint=crash_at(BEFORE_SEAL)
+            )
+        assert (package / "staging" / "seal.json").exists()
+        assert not (package / "snapshot").exists()
+
+        sealed = await build_snapshot(sources.reader, cuts, package, version=2, disk_reserve_bytes=0)
+    assert sealed == verify_snapshot(package)
+    assert sealed.version == 2 and sealed.record_count == 2
+    assert not (package / "staging").exists()
+
+
+async def test_crash_after_the_seal_leaves_a_snapshot_that_verifies(tmp_path: Path, database_url: str) -> None:
+    async with running_sources(tmp_path, database_url) as sources:
+        await sources.session("a")
+        await sources.append("a", text_message(tpb.MESSAGE_ROLE_USER, "one"))
+        cuts = await sources.cuts("a")
+        package = tmp_path / "op"
+        with pytest.raises(Crash):
+            await build_snapshot(
+                sources.reader, cuts, package, version=1, disk_reserve_bytes=0, failpoint=crash_at(AFTER_SEAL)
+            )
+        recovered = verify_snapshot(package)  # seal written, not recorded: verify and record
+        assert recovered.version == 1 and recovered.record_count == 2
+
+        # A rebuild (e.g. the verification had failed) replaces the unrecorded snapshot whole.
+        await sources.append("a", text_message(tpb.MESSAGE_ROLE_ASSISTANT, "two"))
+        rebuilt = await build_snapshot(
+            sources.reader, await sources.cuts("a"), package, version=2, disk_reserve_bytes=0
+        )
+    assert rebuilt == verify_snapshot(package)
+    assert rebuilt.version == 2 and rebuilt.record_count == 3
+
+
+async def test_short_disk_stops_the_copy_and_a_resume_starts_over(tmp_path: Path, database_url: str) -> None:
+    async with running_sources(tmp_path, database_url) as sources:
+        await sources.session("a")
+        await sources.upload("a", b"x")  # the store exists before any bytes are counted
+        big = "y" * (3 * MIB)
+        await sources.append("a", *(text_message(tpb.MESSAGE_ROLE_USER, big) for _ in range(4)))
+        cuts = await sources.cuts("a")
+        package = tmp_path / "op"
+        disk = 100 * MIB
+
+        def shrinking(staging: Path) -> int:
+            """A disk of `disk` bytes that only this copy writes to."""
+            return disk - sum(path.stat().st_size for path in staging.rglob("*") if path.is_file())
+
+        with pytest.raises(DiskReserveShort) as short:
+            await build_snapshot(
+                sources.reader, cuts, package, version=1, disk_reserve_bytes=95 * MIB, free_space=shrinking
+            )
+        # Free space is read every few MiB: the copy stopped before writing what would cross the reserve.
+        assert short.value.reserve_bytes == 95 * MIB
+        assert not (package / "snapshot").exists()
+        written = sum(path.stat().st_size for path in (package / "staging").rglob("*") if path.is_file())
+        assert written < 20 * MIB
+
+        disk = 10_000 * MIB
+        sealed = await build_snapshot(
+            sources.reader, cuts, package, version=2, disk_reserve_bytes=95 * MIB, free_space=shrinking
+        )
+    assert sealed == verify_snapshot(package)
+    assert len(rows(package, "records.jsonl")) == 5
+
+
+def test_text_parts_end_on_code_point_boundaries() -> None:
+    text = ("a" * 32767 + "€" + "🙂" * 10000).encode()
+    parts = list(utf8_parts(text))
+    assert b"".join(parts) == text
+    assert all(0 < len(part) <= 32 * 1024 for part in parts)
+    assert parts[0] == b"a" * 32767  # the euro sign (3 bytes) would have crossed the limit
+    assert [part.decode() for part in parts]
+    assert list(utf8_parts(b"")) == [b""]
