@@ -21,9 +21,12 @@ from .factory import open_provider
 from .offline import OFFLINE_MODEL, OfflineProvider
 from .openai_http import OpenAICompatibleProvider
 from .settings import ProviderSettings
+from .structured import HINT_KINDS, ITEMS_PROTOCOL, StructuredRequest, parse_structured_request, structured_header
 from .tokens import estimate_message_tokens, estimate_tokens
 
 __all__ = [
+    "HINT_KINDS",
+    "ITEMS_PROTOCOL",
     "OFFLINE_MODEL",
     "ChatMessage",
     "Completion",
@@ -39,8 +42,11 @@ __all__ = [
     "ProviderRequestRejected",
     "ProviderSettings",
     "ProviderUnavailable",
+    "StructuredRequest",
     "Usage",
     "estimate_message_tokens",
     "estimate_tokens",
     "open_provider",
+    "parse_structured_request",
+    "structured_header",
 ]

@@ -3,15 +3,21 @@
 It does not understand the conversation. It copies lines that tend to matter when work resumes
 (what the user asked, file paths, commands, errors, constraints and to-dos) and says so in its first
 line, so nobody mistakes its output for an LLM's. Same messages in, same summary out.
+
+Structured requests (`structured`) get schema-v2 items instead: one per input in ``extract`` mode,
+filed by the request's hints for the kind of line found; one per section and status in ``condense`` mode.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from .base import ChatMessage, Completion, Usage
 from .errors import ProviderOutputTruncated
+from .structured import HINT_KINDS, StructuredRequest, parse_structured_request
 from .tokens import estimate_message_tokens, estimate_tokens, estimate_tokens_of_bytes
 
 __all__ = ["OFFLINE_MODEL", "OfflineProvider"]
@@ -75,11 +81,17 @@ class OfflineProvider:
 
         System messages are skipped: they carry the instructions, not the conversation. Raises
         `ProviderOutputTruncated` only when the limit is too small for even the first line.
+        A structured request gets its items as JSON instead, the last items left out to fit the limit;
+        `ProviderOutputTruncated` when not even one fits. A malformed structured request is a ValueError.
         """
         if max_output_tokens is not None and max_output_tokens < 1:
             raise ValueError("max_output_tokens must be at least 1")
         limit = min(self._max_output_tokens, max_output_tokens or self._max_output_tokens)
-        text = _fit([HEADER, *_summary_lines(messages)], limit)
+        request = parse_structured_request(messages)
+        if request is not None:
+            text = _fit_items(_structured_items(request), limit)
+        else:
+            text = _fit([HEADER, *_summary_lines(messages)], limit)
         usage = Usage(
             prompt_tokens=sum(estimate_message_tokens(m.role, m.content) for m in messages),
             completion_tokens=estimate_tokens(text),
@@ -206,4 +218,94 @@ def _is_command(text: str, *, prompt_or_code: bool) -> bool:
 
 
 def _clip(text: str) -> str:
-    return text if len(text) <= _MAX_LINE_CHARS else text[: _MAX_LINE_CHARS - 1] + "…"
+    return _clip_to(text, _MAX_LINE_CHARS)
+
+
+# Condensed items quote this many of their group's items, each clipped to this many characters.
+_CONDENSED_QUOTES = 3
+_CONDENSED_QUOTE_CHARS = 80
+
+
+def _structured_items(request: StructuredRequest) -> list[dict[str, Any]]:
+    """The items the offline provider answers `request` with (before fitting the output limit)."""
+    if request.mode == "extract":
+        return [
+            item
+            for entry in request.inputs
+            if entry.get("context") is not True and (item := _extracted_item(entry, request.hints)) is not None
+        ]
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for entry in request.inputs:
+        key = (entry.get("section"), entry.get("status"))
+        content = entry.get("content")
+        if key[0] in request.sections and key[1] in request.statuses and isinstance(content, str) and content:
+            groups.setdefault((str(key[0]), str(key[1])), []).append(entry)
+    items = []
+    for (section, status), entries in groups.items():
+        quotes = [_clip_to(str(entry["content"]), _CONDENSED_QUOTE_CHARS) for entry in entries[:_CONDENSED_QUOTES]]
+        if len(entries) > _CONDENSED_QUOTES:
+            quotes.append(f"+{len(entries) - _CONDENSED_QUOTES} more")
+        # A group of one is only clipped: a count in front would make it longer than what it condenses.
+        content = quotes[0] if len(entries) == 1 else f"{len(entries)} items: " + " | ".join(quotes)
+        items.append(
+            {
+                "section": section,
+                "status": status,
+                "content": content,
+                "evidence": [str(entry["alias"]) for entry in entries],
+            }
+        )
+    return items
+
+
+def _extracted_item(entry: Mapping[str, Any], hints: Mapping[str, tuple[str, str]]) -> dict[str, Any] | None:
+    """One item for one input: its most telling line, filed by the hint for that line's kind."""
+    role, text = str(entry.get("role", "")), entry.get("text")
+    if not isinstance(text, str):
+        return None
+    lines = [line for line in (_ANSI_ESCAPE.sub("", raw).strip() for raw in text.splitlines()) if line]
+    if not lines:
+        return None
+    found: dict[str, str] = {}
+    for line in lines:
+        if _ERROR.search(line):
+            found.setdefault("error", line)
+        if _is_command(line, prompt_or_code=False):
+            found.setdefault("command", line.removeprefix("$ "))
+        if next(_paths(line), None) is not None:
+            found.setdefault("file", line)
+        if _NOTE.search(line):
+            found.setdefault("note", line)
+    found.setdefault("request" if role == "user" else "other", lines[0])
+    kind = next(kind for kind in HINT_KINDS if kind in found)
+    section, status = hints[kind]
+    return {
+        "section": section,
+        "status": status,
+        "content": f"{role or 'input'}: {_clip(found[kind])}",
+        "evidence": [str(entry["alias"])],
+    }
+
+
+def _fit_items(items: list[dict[str, Any]], max_tokens: int) -> str:
+    """``{"schemaVersion": 2, "items": …}`` with as many of `items` as fit `max_tokens` (estimated)."""
+
+    def render(kept: list[dict[str, Any]]) -> str:
+        return json.dumps({"schemaVersion": 2, "items": kept}, ensure_ascii=False)
+
+    text = render(items)
+    if estimate_tokens(text) <= max_tokens:
+        return text
+    size = len(render([]).encode())
+    for count, item in enumerate(items):
+        # Each further item adds its own JSON and a separating ", ".
+        size += len(json.dumps(item, ensure_ascii=False).encode()) + (2 if count else 0)
+        if estimate_tokens_of_bytes(size) > max_tokens:
+            if count == 0:
+                break
+            return render(items[:count])
+    raise ProviderOutputTruncated(f"output limit of {max_tokens} tokens is too small for one structured item")
+
+
+def _clip_to(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[: chars - 1] + "…"
