@@ -1,13 +1,20 @@
-"""`python -m continuum_merge serve|migrate`: the service and its migration Job."""
+"""`python -m continuum_merge serve|migrate|cleanup`: the service, its migration Job, and the reconciling
+cleanup (a CronJob) for what the event consumer and the workers missed."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
+
+from sqlalchemy.exc import SQLAlchemyError
 
 from continuum_merge import SERVICE_NAME
-from continuum_merge.server import migrate, start
+from continuum_merge.cleanup import reconcile
+from continuum_merge.errors import MergeError
+from continuum_merge.server import migrate, open_database, open_transcript, start
 from continuum_merge.settings import MergeSettings
+from continuum_runtime.clock import SystemClock
 from continuum_runtime.logs import configure_logging
 from continuum_runtime.server import serve
 
@@ -16,19 +23,40 @@ async def _serve(settings: MergeSettings) -> None:
     await serve(await start(settings), settings)
 
 
+async def _cleanup(settings: MergeSettings) -> None:
+    database = open_database(settings)
+    transcript = open_transcript(settings)
+    try:
+        done = await reconcile(database, transcript, settings.resolved_package_root(), SystemClock())
+    except (MergeError, SQLAlchemyError, OSError) as error:
+        # Nothing more is removed; an operator's terminal wants the reason, not a traceback.
+        sys.stderr.write(f"cleanup failed, nothing more removed: {type(error).__name__}\n")
+        raise SystemExit(1) from error
+    finally:
+        await transcript.close()
+        await database.dispose()
+    sys.stdout.write(
+        f"removed {done.target_packages} deleted target package(s), cleaned {done.cancelled} cancelled "
+        f"operation(s), removed {done.strays} stray director(ies)\n"
+    )
+
+
 def main() -> None:
     """Parse the command, read settings once, run."""
     parser = argparse.ArgumentParser(prog="python -m continuum_merge")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("serve", help="run the gRPC service")
     commands.add_parser("migrate", help="bring the schema to head")
+    commands.add_parser("cleanup", help="remove packages and leftovers the event consumer and workers missed")
     arguments = parser.parse_args()
     settings = MergeSettings()
     configure_logging(settings.log_level, SERVICE_NAME)
     if arguments.command == "serve":
         asyncio.run(_serve(settings))
-    else:
+    elif arguments.command == "migrate":
         asyncio.run(migrate(settings))
+    else:
+        asyncio.run(_cleanup(settings))
 
 
 if __name__ == "__main__":

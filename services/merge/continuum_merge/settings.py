@@ -51,6 +51,8 @@ class MergeSettings(ServiceSettings):
     retry_seconds: float = Field(default=30.0, gt=0)
     # Recovery tests only: the named point (see `worker`) at which the process kills itself.
     crash_at: str = Field(default="", max_length=64)
+    # Recovery tests only: the named point (see `worker`) at which a run waits until the process is killed.
+    hold_at: str = Field(default="", max_length=64)
     # Run the worker in this process (off: this replica only answers the API).
     worker_enabled: bool = True
     # Names this replica's leases. Empty: a name unique to this start.

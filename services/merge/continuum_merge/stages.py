@@ -1,0 +1,214 @@
+"""The merge's real stages: the `Pipeline` the worker runs, over `snapshot` and `extraction`.
+
+The snapshot reads the sources through transcript's gRPC contract acting for the operation's owner; a
+source that is itself a completed merge target contributes its package's originals (the snapshot finds
+them beside this operation's directory, under the same package root). Extraction and aggregation read
+only the sealed package and ask the configured model provider (offline by default).
+
+Every failure of those packages leaves here as a `StageStop` naming a MergeErrorCode and what the worker
+does about it: retry later by itself (transcript or the provider unreachable), pause until the user
+resumes (disk short, a busy or changed source, a record to handle, a model that keeps refusing, a package
+that no longer matches its hashes: it is never rebuilt from sources that changed), or fail (a source is gone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import grpc
+
+from continuum_merge.admission import TreeCut
+from continuum_merge.extraction import (
+    AnswerInvalid,
+    HandoffDamaged,
+    PackageUnreadable,
+    UnitBudget,
+    UnitSpec,
+    UnitTooLarge,
+    aggregate,
+    plan_units,
+    run_unit,
+    verify_handoff,
+)
+from continuum_merge.extraction.unit import CallHook
+from continuum_merge.pipeline import Sealed, StageStop, UnitDone
+from continuum_merge.snapshot import (
+    DiskReserveShort,
+    PackageDamaged,
+    RecordRequiresHandling,
+    SealedSnapshot,
+    SourceChanged,
+    SourceCut,
+    SourceMissing,
+    SourceUnavailable,
+    TranscriptSourceReader,
+    build_snapshot,
+    verify_snapshot,
+)
+from continuum_merge.store import NewUnit, Unit
+from continuum_merge.transcript_client import TranscriptClient
+from continuum_runtime.provider import (
+    ModelProvider,
+    ProviderError,
+    ProviderInputTooLarge,
+    ProviderOutputTruncated,
+)
+
+# Recorded with every unit: results of another processor are never reused for this one's units.
+PROCESSOR_VERSION = "merge-extract-1"
+STAGE = "extracting"
+
+
+def _sealed(snapshot: SealedSnapshot) -> Sealed:
+    return Sealed(snapshot.version, snapshot.snapshot_hash, snapshot.blocking_record_refs)
+
+
+def _damaged(what: str) -> StageStop:
+    # Paused for diagnosis (issue 9): resuming verifies again, nothing is rebuilt from the sources.
+    return StageStop("PACKAGE_DAMAGED", what, "paused")
+
+
+def snapshot_stop(error: Exception) -> StageStop:
+    """What the worker does about a failure of the snapshot copy."""
+    if isinstance(error, DiskReserveShort):
+        return StageStop("DISK_RESERVE", str(error), "paused")
+    if isinstance(error, RecordRequiresHandling):
+        return StageStop("RECORD_REQUIRES_HANDLING", str(error), "paused")
+    if isinstance(error, SourceMissing):
+        return StageStop("SOURCE_MISSING", str(error), "failed")
+    if isinstance(error, SourceChanged):
+        return StageStop("SOURCE_BUSY", str(error), "paused")
+    if isinstance(error, SourceUnavailable):
+        return StageStop("SOURCE_BUSY", "transcript is unavailable; retrying", "retry")
+    if isinstance(error, PackageDamaged):
+        # An earlier merge's package a source depends on (this one is not sealed yet).
+        return _damaged(str(error))
+    if isinstance(error, grpc.aio.AioRpcError):
+        if error.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED):
+            return StageStop("SOURCE_MISSING", f"a source session is gone ({error.code().name})", "failed")
+        return StageStop("SOURCE_BUSY", f"transcript refused a read ({error.code().name}); retrying", "retry")
+    raise error
+
+
+def model_stop(error: Exception) -> StageStop:
+    """What the worker does about a failure of a model call or of its answer."""
+    if isinstance(error, (UnitTooLarge, ProviderInputTooLarge, ProviderOutputTruncated)):
+        # Splitting a unit needs the store's split protocol; until then the user resumes with a model
+        # that has a larger window.
+        return StageStop("PROVIDER_UNAVAILABLE", "a unit does not fit the model's window or answer limit", "paused")
+    if isinstance(error, AnswerInvalid):
+        return StageStop("PROVIDER_UNAVAILABLE", "the model kept answering outside the item schema", "paused")
+    if isinstance(error, ProviderError):
+        if error.retryable:
+            return StageStop("PROVIDER_UNAVAILABLE", "the model provider is unavailable; retrying", "retry")
+        return StageStop("PROVIDER_UNAVAILABLE", f"the model provider refused ({type(error).__name__})", "paused")
+    if isinstance(error, (PackageUnreadable, HandoffDamaged)):
+        return _damaged(str(error))
+    raise error
+
+
+class MergeStages:
+    """The `Pipeline` of the service: snapshot over transcript, extraction with `provider`.
+
+    `budget` sizes the extraction requests (the extraction's default unless given); `on_call` hears of
+    every answered model call (units and condensing packs).
+    """
+
+    def __init__(
+        self,
+        transcript: TranscriptClient,
+        provider: ModelProvider,
+        *,
+        timeout_seconds: float,
+        disk_reserve_bytes: int,
+        budget: UnitBudget | None = None,
+        on_call: CallHook | None = None,
+    ) -> None:
+        self._transcript = transcript
+        self._provider = provider
+        self._timeout = timeout_seconds
+        self._reserve = disk_reserve_bytes
+        self._budget = budget or UnitBudget()
+        self._on_call = on_call
+
+    async def snapshot(
+        self, owner: str, package_dir: Path, cuts: Sequence[TreeCut], version: int, failpoint: Callable[[str], None]
+    ) -> Sealed:
+        """Copy the source trees up to their recorded cuts, acting for `owner`, and seal."""
+        reader = TranscriptSourceReader(self._transcript.stub, self._transcript.metadata(owner), self._timeout)
+        sources = [SourceCut(cut.root_session_id, cut.session_ids, cut.last_message_ids) for cut in cuts]
+        try:
+            sealed = await build_snapshot(
+                reader, sources, package_dir, version=version, disk_reserve_bytes=self._reserve, failpoint=failpoint
+            )
+        except (
+            DiskReserveShort,
+            RecordRequiresHandling,
+            SourceMissing,
+            SourceChanged,
+            SourceUnavailable,
+            PackageDamaged,
+            grpc.aio.AioRpcError,
+        ) as error:
+            raise snapshot_stop(error) from error
+        return _sealed(sealed)
+
+    async def verify_snapshot(self, package_dir: Path) -> Sealed:
+        """The recorded seal checked whole against the package (in a thread)."""
+        try:
+            return _sealed(await asyncio.to_thread(verify_snapshot, package_dir))
+        except PackageDamaged as error:
+            raise _damaged(str(error)) from error
+
+    async def plan(self, package_dir: Path, model: str) -> list[NewUnit]:
+        """The extraction units of the sealed snapshot, as rows to insert."""
+        try:
+            specs = await asyncio.to_thread(
+                plan_units, package_dir, processor_version=PROCESSOR_VERSION, budget=self._budget
+            )
+        except PackageUnreadable as error:
+            raise _damaged(str(error)) from error
+        return [
+            NewUnit(spec.unit_id, STAGE, spec.ordinal, spec.input_hash, spec.input_json(), PROCESSOR_VERSION, model)
+            for spec in specs
+        ]
+
+    async def run_unit(self, package_dir: Path, unit: Unit, model: str) -> UnitDone:
+        """Run one stored unit against the sealed snapshot it was planned over."""
+        try:
+            spec = UnitSpec.from_stored(unit.unit_id, unit.ordinal, unit.input_json)
+        except ValueError as error:
+            raise _damaged(str(error)) from error
+        try:
+            outcome = await run_unit(
+                spec, package_dir, self._provider, model=model, budget=self._budget, on_call=self._on_call
+            )
+        except (UnitTooLarge, AnswerInvalid, ProviderError, PackageUnreadable) as error:
+            raise model_stop(error) from error
+        usage = outcome.usage
+        return UnitDone(
+            outcome.relative_path,
+            outcome.sha256,
+            outcome.model,
+            None if usage is None else usage.prompt_tokens,
+            None if usage is None else usage.completion_tokens,
+        )
+
+    async def aggregate(self, package_dir: Path, results: Sequence[Path], model: str) -> str:
+        """Build the handoff from the units' results; the hash of its ready.json."""
+        try:
+            ready = await aggregate(
+                package_dir, results, self._provider, model=model, budget=self._budget, on_call=self._on_call
+            )
+        except (AnswerInvalid, ProviderError, PackageUnreadable, HandoffDamaged) as error:
+            raise model_stop(error) from error
+        return ready.handoff_hash
+
+    async def verify_handoff(self, package_dir: Path) -> str:
+        """The handoff checked against ready.json (in a thread); its hash."""
+        try:
+            return (await asyncio.to_thread(verify_handoff, package_dir)).handoff_hash
+        except HandoffDamaged as error:
+            raise _damaged(str(error)) from error

@@ -1,0 +1,117 @@
+"""Cleanup: a deleted target's package goes (only its own), through the session-events consumer or the
+reconciling `python -m continuum_merge cleanup`, which also finishes cancelled operations and removes
+stray directories, and removes nothing when merge's database cannot be read."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from deadline_testing import eventually
+from merge_testing import MergeStack, running_merge, running_merge_service
+from process_merge_testing import merge_env, two_sources
+from transcript_testing import running_transcript
+
+from continuum.merge.v1 import merge_service_pb2 as api
+from continuum.merge.v1 import resources_pb2 as pb
+from continuum.transcript.v1 import transcript_service_pb2 as tapi
+from continuum_merge.snapshot import verify_snapshot
+
+FAST = {
+    "lease_ttl_seconds": 2.0,
+    "lease_renew_seconds": 0.3,
+    "worker_poll_seconds": 0.1,
+    "claim_ttl_seconds": 5.0,
+    "claim_renew_seconds": 1.0,
+    "retry_seconds": 0.2,
+}
+
+
+async def merged(stack: MergeStack, sources: list[str], key: str) -> pb.MergeOperation:
+    operation_id = (await stack.start(sources, key=key)).operation.progress.operation_id
+
+    async def done() -> bool:
+        return (await stack.get(operation_id)).progress.status == pb.MERGE_STATUS_COMPLETED
+
+    await eventually(done, what="the merge to complete", seconds=60)
+    return await stack.get(operation_id)
+
+
+async def delete(stack: MergeStack, session_id: str) -> None:
+    await stack.transcript.stub.DeleteSession(tapi.DeleteSessionRequest(session_id=session_id), metadata=stack.user())
+
+
+async def cleanup_command(stack: MergeStack, **extra: str) -> tuple[int, str]:
+    """`python -m continuum_merge cleanup` with the stack's settings; its exit code and output."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "continuum_merge",
+        "cleanup",
+        env={**os.environ, **merge_env(stack.settings, **extra)},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await process.communicate()
+    return await process.wait(), output.decode()
+
+
+async def test_deleting_a_target_removes_its_package_only(tmp_path: Path, database_url: str) -> None:
+    async with running_merge(tmp_path, database_url, overrides=FAST) as stack:
+        root = stack.settings.resolved_package_root()
+        await two_sources(stack.transcript)
+        first = await merged(stack, ["a", "b"], "key-1")
+        second = await merged(stack, [first.progress.target_session_id, "a"], "key-2")
+        # A source's deletion removes nothing.
+        await delete(stack, "b")
+        await delete(stack, first.progress.target_session_id)
+
+        await eventually(lambda: not (root / first.progress.operation_id).exists(), what="the package removal")
+        verify_snapshot(root / second.progress.operation_id)
+        assert (await stack.get(first.progress.operation_id)).progress.status == pb.MERGE_STATUS_COMPLETED
+
+
+async def test_cleanup_command_reconciles_what_was_missed_and_keeps_everything_without_a_database(
+    tmp_path: Path, database_url: str
+) -> None:
+    overrides = {**FAST, "consume_session_events": False}
+    async with running_transcript(tmp_path, database_url) as transcript:
+        async with running_merge_service(tmp_path, database_url, transcript, overrides=overrides) as stack:
+            await two_sources(stack.transcript)
+            kept = await merged(stack, ["a", "b"], "key-1")
+            deleted = await merged(stack, ["a", "b"], "key-2")
+            await delete(stack, deleted.progress.target_session_id)
+        # A replica without a worker: the cancelled operation has no run that would clean up after it.
+        overrides["worker_enabled"] = False
+        async with running_merge_service(tmp_path, database_url, transcript, overrides=overrides) as stack:
+            await reconciled(stack, kept, tmp_path, database_url)
+
+
+async def reconciled(stack: MergeStack, kept: pb.MergeOperation, tmp_path: Path, database_url: str) -> None:
+    root = stack.settings.resolved_package_root()
+    (root / "op_stray" / "staging").mkdir(parents=True)
+    cancelled_id = (await stack.start(["a", "b"], key="key-3")).operation.progress.operation_id
+    await stack.stub.CancelMerge(api.CancelMergeRequest(operation_id=cancelled_id), metadata=stack.user())
+    # What a cancelled operation whose writer crashed leaves behind.
+    (root / cancelled_id / "staging").mkdir(parents=True)
+    present = sorted(path.name for path in root.iterdir())
+
+    code, output = await cleanup_command(stack, MERGE_DATABASE_URL=unreadable(tmp_path, database_url))
+    assert code == 1 and "nothing more removed" in output, output
+    assert sorted(path.name for path in root.iterdir()) == present
+
+    code, output = await cleanup_command(stack)
+    assert code == 0, output
+    remaining = sorted(path.name for path in root.iterdir())
+    assert remaining == [kept.progress.operation_id], output
+    verify_snapshot(root / kept.progress.operation_id)
+    await stack.run_claim("a")
+
+
+def unreadable(tmp_path: Path, database_url: str) -> str:
+    """A database URL of the same backend that cannot be read."""
+    if database_url.startswith("sqlite"):
+        return f"sqlite+aiosqlite:///{tmp_path / 'missing-dir' / 'merge.db'}"
+    return database_url.rpartition("/")[0] + "/continuum_no_such_database"
