@@ -153,6 +153,11 @@ async def test_verify_refuses_a_changed_missing_or_foreign_handoff(tmp_path: Pat
         with pytest.raises(HandoffDamaged, match="outside handoff"):
             verify_handoff(package)
     details.write_bytes(original)
+    forged = json.loads(original_ready)
+    forged["files"] = [listed for listed in forged["files"] if listed["path"] != "details.jsonl"]
+    ready_file.write_text(json.dumps(forged))
+    with pytest.raises(HandoffDamaged, match="every entry file"):
+        verify_handoff(package)
     ready_file.write_bytes(original_ready)
     # Another sealed snapshot in its place (manifest and seal agree) is not the one the handoff names.
     manifest = package / "snapshot" / "manifest.json"
@@ -184,3 +189,14 @@ async def test_results_of_another_snapshot_or_outside_work_are_refused(tmp_path:
     with pytest.raises(PackageUnreadable, match="given twice"):
         await aggregate(package, [own[0], own[0]], OfflineProvider(), model="")
     assert not (package / "handoff").exists()
+
+
+async def test_a_history_with_nothing_to_extract_gives_an_empty_handoff_that_says_so(tmp_path: Path) -> None:
+    builder = SnapshotBuilder(tmp_path)
+    builder.add("session-a", 1, "assistant", "private reasoning only", policy="archive")
+    package = builder.seal()
+    assert plan_units(package, processor_version="p1", budget=BUDGET) == []
+    ready = await aggregate(package, [], OfflineProvider(), model="")
+    assert (ready.unit_count, ready.item_count, ready.brief_item_count, ready.navigation) == (0, 0, 0, False)
+    assert (package / "handoff" / "handoff.md").read_text().count("Not recorded.") == len(SECTIONS)
+    assert verify_handoff(package) == ready

@@ -204,10 +204,15 @@ async def test_a_truncated_answer_is_never_a_result(
     tmp_path: Path, server: FakeModelServer, provider: OpenAICompatibleProvider
 ) -> None:
     package, unit = one_unit(tmp_path)
-    server.script(completion(answer(RENAMED)[:40], finish_reason="length"))
+    server.script(
+        completion(answer(RENAMED)[:40], finish_reason="length", usage={"prompt_tokens": 9, "completion_tokens": 2048})
+    )
+    heard: list[tuple[str, CallRecord]] = []
     with pytest.raises(ProviderOutputTruncated):
-        await run_unit(unit, package, provider, model=MODEL)
+        await run_unit(unit, package, provider, model=MODEL, on_call=lambda *call: heard.append(call))
     assert not (package / "work").exists()
+    # Never used, but paid for: the call is accounted.
+    assert heard == [(unit.unit_id, CallRecord(MODEL, Usage(prompt_tokens=9, completion_tokens=2048), "length"))]
 
 
 async def test_a_refused_or_oversized_request_splits_the_unit_into_halves_that_complete(

@@ -13,12 +13,16 @@ from pathlib import Path
 
 import grpc
 import pytest
+from deadline_testing import eventually
 from merge_testing import MergeStack, conflict_operation, running_merge
+from pipeline_testing import ScriptedPipeline
 from race_testing import until_waiting
 from sqlalchemy import text
 
 from continuum.merge.v1 import merge_service_pb2 as api
 from continuum.merge.v1 import resources_pb2 as pb
+from continuum.transcript.v1 import transcript_service_pb2 as tapi
+from continuum_merge.worker import PUBLISH_BEFORE_COMPLETE
 from continuum_runtime.errors import error_details
 
 pytestmark = pytest.mark.postgres
@@ -42,6 +46,17 @@ async def writes_held(stack: MergeStack) -> AsyncIterator[None]:
 def spawn(call: Awaitable[object]) -> asyncio.Future[object]:
     """Run a call (a coroutine or a gRPC call object) concurrently."""
     return asyncio.ensure_future(call)
+
+
+@asynccontextmanager
+async def row_held(stack: MergeStack, operation_id: str) -> AsyncIterator[None]:
+    """Queue every write to one operation's row until the block ends; PostgreSQL then lets the queued
+    writers through in the order they queued."""
+    async with stack.database.transaction() as connection:
+        await connection.execute(
+            text("SELECT 1 FROM session_merges WHERE operation_id = :o FOR UPDATE"), {"o": operation_id}
+        )
+        yield
 
 
 async def outcomes(*calls: asyncio.Future[object]) -> list[object]:
@@ -136,3 +151,67 @@ async def test_cancel_against_resume_ends_cancelled_in_either_order(stack: Merge
     assert not (await stack.stub.GetActiveMerge(api.GetActiveMergeRequest(), metadata=stack.user())).HasField(
         "operation"
     )
+
+
+@pytest.mark.parametrize("cancel_first", [True, False])
+async def test_cancel_against_publish_exactly_one_wins(tmp_path: Path, postgres_url: str, cancel_first: bool) -> None:
+    reached = asyncio.Event()
+    proceed = asyncio.Event()
+
+    async def hold_before_complete(name: str) -> None:
+        if name == PUBLISH_BEFORE_COMPLETE:
+            reached.set()
+            await proceed.wait()
+
+    # Lease renewals (writes to the same row) stay out of the way of the two racers.
+    settings = {"worker_poll_seconds": 0.1, "lease_ttl_seconds": 120.0, "lease_renew_seconds": 60.0}
+    async with running_merge(
+        tmp_path, postgres_url, pipeline=ScriptedPipeline(), failpoint=hold_before_complete, overrides=settings
+    ) as stack:
+        for session_id in ("a", "b"):
+            await stack.new_session(session_id)
+        operation_id = (await stack.start(["a", "b"])).operation.progress.operation_id
+        await reached.wait()
+        target_id = (await stack.get(operation_id)).progress.target_session_id
+        cancel_request = api.CancelMergeRequest(operation_id=operation_id)
+        async with row_held(stack, operation_id):
+            if cancel_first:
+                cancel = spawn(stack.stub.CancelMerge(cancel_request, metadata=stack.user()))
+                await until_waiting(stack.database, 1, "the cancel updating")
+                proceed.set()
+                await until_waiting(stack.database, 2, "the publish's completed update")
+            else:
+                proceed.set()
+                await until_waiting(stack.database, 1, "the publish's completed update")
+                cancel = spawn(stack.stub.CancelMerge(cancel_request, metadata=stack.user()))
+                await until_waiting(stack.database, 2, "the cancel updating")
+        (cancelled,) = await outcomes(cancel)
+
+        package = stack.settings.resolved_package_root() / operation_id
+
+        async def settled() -> bool:
+            async with stack.database.connection() as connection:
+                status = await connection.scalar(
+                    text("SELECT status FROM session_merges WHERE operation_id = :o AND lease_owner IS NULL"),
+                    {"o": operation_id},
+                )
+            # A cancelled run's cleanup ends by removing the package.
+            return status == "completed" or (status == "cancelled" and not package.exists())
+
+        await eventually(settled, what="the run finished")
+        final = await stack.get(operation_id)
+        target = await stack.transcript.stub.GetSession(
+            tapi.GetSessionRequest(session_id=target_id, include_deleted=True), metadata=stack.user()
+        )
+
+    # Exactly one wins: a completed merge keeps its target and refuses the cancel; a cancelled one
+    # leaves no target behind (the one its publish created is deleted, never published).
+    assert isinstance(cancelled, api.CancelMergeResponse) == cancel_first
+    if isinstance(cancelled, api.CancelMergeResponse):
+        assert final.progress.status == pb.MERGE_STATUS_CANCELLED
+        assert target.session.HasField("delete_time")
+    else:
+        assert isinstance(cancelled, grpc.aio.AioRpcError)
+        assert error_details(cancelled).reason == "MERGE_ALREADY_COMPLETED"
+        assert final.progress.status == pb.MERGE_STATUS_COMPLETED
+        assert not target.session.HasField("delete_time")

@@ -10,7 +10,15 @@ import pytest
 from snapshot_testing import rows, running_sources, text_message
 
 from continuum.transcript.v1 import resources_pb2 as tpb
-from continuum_merge.snapshot import AFTER_SEAL, BEFORE_SEAL, DiskReserveShort, build_snapshot, verify_snapshot
+from continuum.transcript.v1 import transcript_service_pb2 as api
+from continuum_merge.snapshot import (
+    AFTER_SEAL,
+    BEFORE_SEAL,
+    DiskReserveShort,
+    SourceChanged,
+    build_snapshot,
+    verify_snapshot,
+)
 from continuum_merge.snapshot.records import utf8_parts
 
 MIB = 1024 * 1024
@@ -111,3 +119,25 @@ def test_text_parts_end_on_code_point_boundaries() -> None:
     assert parts[0] == b"a" * 32767  # the euro sign (3 bytes) would have crossed the limit
     assert [part.decode() for part in parts]
     assert list(utf8_parts(b"")) == [b""]
+
+
+async def test_a_history_rewritten_after_the_cut_is_not_spliced(tmp_path: Path, database_url: str) -> None:
+    async with running_sources(tmp_path, database_url) as sources:
+        await sources.session("a")
+        ids = await sources.append(
+            "a", text_message(tpb.MESSAGE_ROLE_USER, "one"), text_message(tpb.MESSAGE_ROLE_ASSISTANT, "two")
+        )
+        cuts = await sources.cuts("a")
+        await sources.client.stub.EditUserMessage(
+            api.EditUserMessageRequest(session_id="a", message_id=ids[0], content=[tpb.ContentPart(text="uno")]),
+            metadata=sources.user,
+        )
+        with pytest.raises(SourceChanged) as changed:
+            await build_snapshot(sources.reader, cuts, tmp_path / "op", version=1, disk_reserve_bytes=0)
+        assert changed.value.session_id == "a"
+        assert not (tmp_path / "op" / "snapshot").exists()
+
+        sealed = await build_snapshot(
+            sources.reader, await sources.cuts("a"), tmp_path / "op", version=2, disk_reserve_bytes=0
+        )
+    assert sealed.record_count == 2  # the session and the edited message: the cut after the edit

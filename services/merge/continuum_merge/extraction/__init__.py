@@ -24,10 +24,11 @@ from continuum_merge.extraction.errors import (
     UnitTooLarge,
 )
 from continuum_merge.extraction.plan import UnitBudget, UnitSpec, plan_units, scan_unit, split_unit
-from continuum_merge.extraction.unit import CallRecord, UnitOutcome, run_unit, verify_unit_result
+from continuum_merge.extraction.unit import CallHook, CallRecord, UnitOutcome, run_unit, verify_unit_result
 
 __all__ = [
     "AnswerInvalid",
+    "CallHook",
     "CallRecord",
     "ExtractionError",
     "HandoffDamaged",

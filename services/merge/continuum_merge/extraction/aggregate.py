@@ -57,6 +57,8 @@ BRIEF_TOKENS = 2_048
 EXCERPT_CHARS = 600
 NOT_RECORDED = "Not recorded."
 _STAGING = "handoff.staging"
+# The files every handoff has, each listed with its sha256 in ready.json.
+_ENTRY_FILES = ("details.jsonl", "overview.json", "brief.json", "handoff.md")
 
 
 @dataclass(frozen=True)
@@ -163,7 +165,7 @@ def _finish(package_dir: Path, counts: _Counts, brief: dict[str, Any], ready: di
     _write_json(staging / "overview.json", overview)
     _write_json(staging / "brief.json", brief)
     (staging / "handoff.md").write_text(_markdown(overview, brief), encoding="utf-8")
-    files = ["details.jsonl", "overview.json", "brief.json", "handoff.md"]
+    files = [*_ENTRY_FILES]
     files += [f"layers/{number}.jsonl" for number in range(1, ready["layers"] + 1)]
     ready = ready | {"files": [{"path": name, "sha256": file_sha256(staging / name)} for name in files]}
     ready_hash = write_atomic(staging / "ready.json", json.dumps(ready, sort_keys=True).encode())
@@ -194,6 +196,8 @@ def verify_handoff(package_dir: Path) -> HandoffReady:
     listed = ready.get("files")
     if not isinstance(listed, list) or not all(isinstance(row, dict) for row in listed):
         raise HandoffDamaged("ready.json lists no files")
+    if not set(_ENTRY_FILES) <= {row.get("path") for row in listed}:
+        raise HandoffDamaged("ready.json does not list every entry file of the handoff")
     for row in listed:
         _check(handoff, row.get("path"), row.get("sha256"))
     try:

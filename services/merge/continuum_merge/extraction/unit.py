@@ -21,7 +21,14 @@ from continuum_merge.extraction.package import WORK_DIR, file_sha256, read_text_
 from continuum_merge.extraction.plan import PartSpec, UnitBudget, UnitSpec, scan_unit
 from continuum_merge.extraction.prompts import extract_request
 from continuum_merge.extraction.schema import SCHEMA_VERSION, AnswerItem, AnswerProblem, parse_answer
-from continuum_runtime.provider import ChatMessage, Completion, ModelProvider, Usage, estimate_message_tokens
+from continuum_runtime.provider import (
+    ChatMessage,
+    Completion,
+    ModelProvider,
+    ProviderOutputTruncated,
+    Usage,
+    estimate_message_tokens,
+)
 
 __all__ = [
     "RESULT_KIND",
@@ -116,7 +123,7 @@ async def ask_items(
     Returns the checked items, the accepted completion and every call made. Raises AnswerInvalid
     (naming `subject`, a unit or condensing pack) when the repaired answer fails too, and UnitTooLarge
     when a request or an answer is over the budget's byte guards. `on_call(subject, call)` hears of
-    each answered call as it ends, accepted or not (for per-call accounting). Logs ids, figures and
+    each answered call as it ends, accepted, rejected or cut off (for per-call accounting). Logs ids, figures and
     reasons only: never the request or the answer.
     """
     calls: list[CallRecord] = []
@@ -129,7 +136,13 @@ async def ask_items(
                 f"{subject}: request of {request_bytes} bytes is over the {budget.request_bytes}-byte guard",
                 unit_id=subject,
             )
-        completion = await provider.complete(messages, max_output_tokens=budget.output_tokens)
+        try:
+            completion = await provider.complete(messages, max_output_tokens=budget.output_tokens)
+        except ProviderOutputTruncated as truncated:
+            # A cut-off answer is never used, but it was paid for.
+            if on_call is not None:
+                on_call(subject, CallRecord(provider.model, truncated.usage, "length"))
+            raise
         calls.append(CallRecord(completion.model, completion.usage, completion.finish_reason))
         if on_call is not None:
             on_call(subject, calls[-1])

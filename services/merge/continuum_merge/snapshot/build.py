@@ -40,7 +40,14 @@ from continuum_merge.snapshot.layout import (
 from continuum_merge.snapshot.reader import AttachmentUnreadable, SourceReader
 from continuum_merge.snapshot.records import PreparedRecord, canonical, prepare_message, prepare_session, sha256_hex
 from continuum_merge.snapshot.verify import iter_jsonl, verify_snapshot
-from continuum_merge.snapshot.writer import PackageWriter, disk_free, fresh_directory, sync_directory, sync_tree
+from continuum_merge.snapshot.writer import (
+    PackageWriter,
+    disk_free,
+    fresh_directory,
+    pin_allocator_threshold,
+    sync_directory,
+    sync_tree,
+)
 
 # An attachment whose bytes differ from transcript's recorded digest is read once more, then refused.
 ATTACHMENT_READS = 2
@@ -73,12 +80,14 @@ async def build_snapshot(
         raise ValueError("version must be at least 1")
     if not sources:
         raise ValueError("a snapshot needs at least one source")
+    pin_allocator_threshold()
     staging = package_dir / STAGING
     await asyncio.to_thread(fresh_directory, staging)
     writer = await asyncio.to_thread(PackageWriter, staging, disk_reserve_bytes, free_space)
     try:
         for source in sources:
             await _copy_source(reader, source, writer, package_dir)
+        await asyncio.to_thread(writer.flush)
     finally:
         await asyncio.to_thread(writer.close)
     manifest = {
@@ -138,10 +147,17 @@ async def _copy_source(reader: SourceReader, source: SourceCut, writer: PackageW
                 writer.gap, {"kind": "session_missing", "sessionId": session_id, "rootSessionId": root.session_id}
             )
             continue
+        generation = source.history_generations.get(session_id, session.history_generation)
+        if session.history_generation != generation:
+            raise SourceChanged(session_id, "its history was rewritten after the cut")
         await asyncio.to_thread(_add_session, writer, session)
         cut = source.last_message_ids.get(session_id, 0)
         if cut > 0:
             await _copy_messages(reader, writer, session, cut)
+            # Pages are separate reads: an edit between two of them would splice two histories.
+            after = await reader.session(session_id)
+            if after is None or after.history_generation != generation:
+                raise SourceChanged(session_id, "its history was rewritten or deleted during the copy")
 
 
 def _add_session(writer: PackageWriter, session: tpb.Session) -> None:
@@ -259,6 +275,7 @@ def _import_prior(writer: PackageWriter, package_dir: Path, operation_id: str, s
         writer.gap({"kind": "prior_package_missing", "sessionId": session_id, "operationId": operation_id})
         return
     verify_snapshot(prior.parent)
+    writer.flush()
     files = itertools.groupby(iter_jsonl(prior / FILES), key=lambda row: row["recordRef"])
     for record in iter_jsonl(prior / RECORDS):
         ref = record["recordRef"]

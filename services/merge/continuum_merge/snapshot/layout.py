@@ -56,11 +56,13 @@ OPERATION_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 @dataclass(frozen=True)
 class SourceCut:
     """One source tree as admission recorded it, under its claims: the root, every session of the tree
-    (root first), and per session the last live message id at that moment (0 when it had none)."""
+    (root first), and per session the last live message id at that moment (0 when it had none) and its
+    history generation (a session whose history was rewritten since is not copied: SourceChanged)."""
 
     root_session_id: str
     session_ids: tuple[str, ...]
     last_message_ids: Mapping[str, int] = field(default_factory=dict)
+    history_generations: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

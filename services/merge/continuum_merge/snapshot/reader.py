@@ -13,7 +13,7 @@ from google.protobuf.message import Message as ProtoMessage
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
-from continuum_merge.snapshot.errors import SourceUnavailable
+from continuum_merge.snapshot.errors import SourceChanged, SourceMissing, SourceUnavailable
 from continuum_merge.snapshot.layout import SourceCut
 
 R = TypeVar("R")
@@ -155,14 +155,19 @@ class TranscriptSourceReader:
 
 async def capture_cut(reader: SourceReader, root_session_id: str) -> SourceCut:
     """The cut of one source tree, taken while its claim is held: the root and its descendants
-    (breadth first, in transcript's order) with each one's last live message id."""
-    session_ids = [root_session_id]
+    (breadth first, in transcript's order) with each one's last live message id and history generation.
+    SourceMissing when the root is gone."""
+    root = await reader.session(root_session_id)
+    if root is None:
+        raise SourceMissing(root_session_id)
+    sessions = [root]
     index = 0
-    while index < len(session_ids):
-        async for child in reader.children(session_ids[index]):
-            session_ids.append(child.session_id)
-            if len(session_ids) > MAX_TREE_SESSIONS:
-                raise ValueError(f"source tree {root_session_id} has more than {MAX_TREE_SESSIONS} sessions")
+    while index < len(sessions):
+        async for child in reader.children(sessions[index].session_id):
+            sessions.append(child)
+            if len(sessions) > MAX_TREE_SESSIONS:
+                raise SourceChanged(root_session_id, f"the tree has more than {MAX_TREE_SESSIONS} sessions")
         index += 1
-    last = {session_id: await reader.last_message_id(session_id) for session_id in session_ids}
-    return SourceCut(root_session_id, tuple(session_ids), last)
+    last = {session.session_id: await reader.last_message_id(session.session_id) for session in sessions}
+    generations = {session.session_id: session.history_generation for session in sessions}
+    return SourceCut(root_session_id, tuple(session.session_id for session in sessions), last, generations)

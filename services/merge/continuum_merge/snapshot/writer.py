@@ -35,9 +35,29 @@ STREAM_BUFFER_BYTES = 1024 * 1024
 WRITER_THREADS = 4
 
 
+# glibc's mallopt parameter and the size from which allocations are always their own mapping.
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD_BYTES = 128 * 1024
+
+
+def pin_allocator_threshold() -> None:
+    """Keep glibc from raising its mmap threshold as large blocks are freed (its default): otherwise
+    the copy's stream of 32 KiB-2 MiB buffers lands on the heap, which fragments and makes the process's
+    memory creep with the history's size. A process-wide setting, harmless elsewhere; a no-op without
+    glibc."""
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    if mallopt is not None:
+        mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+
+
 def disk_free(path: Path) -> int:
     """Bytes available to this process on the file system holding `path`."""
     return shutil.disk_usage(path).free
+
+
+# A record handed to the writer threads: its assets' files rows and (path, bytes, sha256 to come) of
+# its raw file and text parts.
+_PendingRecord = tuple[PreparedRecord, Sequence[Mapping[str, Any]], list[tuple[str, int, Future[str]]]]
 
 
 class JsonlStream:
@@ -120,6 +140,8 @@ class PackageWriter:
         self.streams = {name: JsonlStream(staging / name) for name in STREAMS}
         # Creating a file costs more than writing it on some file systems: a few threads overlap that.
         self._pool = ThreadPoolExecutor(max_workers=WRITER_THREADS, thread_name_prefix="snapshot-writer")
+        self._pending: list[_PendingRecord] = []
+        self._pending_refs: set[str] = set()
 
     def reserve(self, upcoming: int) -> None:
         """Refuse to write `upcoming` more bytes once the free space, less what was written since the
@@ -135,7 +157,7 @@ class PackageWriter:
     def has_record(self, record_ref: str) -> bool:
         """Whether a record with this identity and version is already in the package (the raw file is
         the set: nothing per record is held in memory)."""
-        return (self.staging / raw_path(record_ref)).exists()
+        return record_ref in self._pending_refs or (self.staging / raw_path(record_ref)).exists()
 
     def has_asset(self, sha256: str) -> bool:
         """Whether bytes with this digest are already in assets/."""
@@ -147,9 +169,11 @@ class PackageWriter:
         return AssetCopy(self, self.staging / ASSETS_DIR / f".incoming-{self._scratch_count}")
 
     def add_records(self, batch: Sequence[tuple[PreparedRecord, Sequence[Mapping[str, Any]]]]) -> None:
-        """Write new records (each with the files rows of its assets): their raw JSON and text parts are
-        written by the writer threads at once, then each record's files rows and records line, in order."""
-        pending: list[tuple[PreparedRecord, Sequence[Mapping[str, Any]], list[tuple[str, int, Future[str]]]]] = []
+        """Write new records (each with the files rows of its assets). Their raw JSON and text parts go to
+        the writer threads; their rows are written (in order) once the next batch was handed over or at
+        `flush`, so that creating files overlaps preparing the next page. At most two batches are in
+        flight."""
+        submitted: list[_PendingRecord] = []
         for record, assets in batch:
             contents = [(raw_path(record.record_ref), record.raw)]
             contents += [
@@ -159,8 +183,14 @@ class PackageWriter:
             files = [
                 (path, len(data), self._pool.submit(_write_new, self.staging / path, data)) for path, data in contents
             ]
-            pending.append((record, assets, files))
-        for record, assets, files in pending:
+            submitted.append((record, assets, files))
+        self.flush()
+        self._pending = submitted
+        self._pending_refs = {record.record_ref for record, _, _ in submitted}
+
+    def flush(self) -> None:
+        """Wait for the files of the records in flight and write their files rows and records lines."""
+        for record, assets, files in self._pending:
             ref = record.record_ref
             for part, (path, size, written) in enumerate(files, start=-1):
                 row: dict[str, Any] = {"ref": f"r_{ref}", "part": None, "kind": "raw"}
@@ -183,6 +213,8 @@ class PackageWriter:
                     "processingPolicy": record.processing_policy,
                 }
             )
+        self._pending = []
+        self._pending_refs = set()
 
     def copy_record_file(self, source: Path, path: str) -> str:
         """Copy one file of an earlier package into the same place here, hashing while copying; its sha256.
@@ -204,7 +236,8 @@ class PackageWriter:
         self.streams[GAPS].write(row)
 
     def close(self) -> None:
-        """Flush and close every stream; stop the writer threads."""
+        """Stop the writer threads (after their current files) and close every stream. Records still in
+        flight are not listed: call `flush` first when the copy succeeded."""
         self._pool.shutdown()
         for stream in self.streams.values():
             stream.close()
