@@ -138,7 +138,10 @@ class MergeStages:
     ) -> Sealed:
         """Copy the source trees up to their recorded cuts, acting for `owner`, and seal."""
         reader = TranscriptSourceReader(self._transcript.stub, self._transcript.metadata(owner), self._timeout)
-        sources = [SourceCut(cut.root_session_id, cut.session_ids, cut.last_message_ids) for cut in cuts]
+        sources = [
+            SourceCut(cut.root_session_id, cut.session_ids, cut.last_message_ids, cut.history_generations)
+            for cut in cuts
+        ]
         try:
             sealed = await build_snapshot(
                 reader, sources, package_dir, version=version, disk_reserve_bytes=self._reserve, failpoint=failpoint
