@@ -81,6 +81,7 @@ COMPONENTS: tuple[Component, ...] = (
         depends_on=("transcript",),
         default_port=50153,
         migrates=True,
+        cleans_up=True,
     ),
     Component(
         "gateway",

@@ -70,7 +70,7 @@ def test_bad_port_is_a_usage_error(port: str, capsys: pytest.CaptureFixture[str]
 
 
 @pytest.mark.parametrize(
-    ("command", "valid"), [("migrate", "'compaction', 'merge', 'transcript'"), ("cleanup", "'compaction'")]
+    ("command", "valid"), [("migrate", "'compaction', 'merge', 'transcript'"), ("cleanup", "'compaction', 'merge'")]
 )
 def test_an_unknown_service_is_a_usage_error_naming_the_valid_ones(
     command: str, valid: str, capsys: pytest.CaptureFixture[str]
@@ -112,7 +112,7 @@ def test_the_table_starts_transcript_compaction_and_merge_then_the_gateway_that_
     assert not transcript.dev_token
     assert not compaction.dev_token
     assert set(migratable()) == {"transcript", "compaction", "merge"}
-    assert set(cleanable()) == {"compaction"}
+    assert set(cleanable()) == {"compaction", "merge"}
 
 
 @pytest.mark.parametrize(

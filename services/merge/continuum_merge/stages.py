@@ -71,7 +71,7 @@ def _damaged(what: str) -> StageStop:
 
 
 def snapshot_stop(error: Exception) -> StageStop:
-    """What the worker does about a failure of the snapshot copy."""
+    """What the worker does about a failure of the snapshot copy (any other error is raised again)."""
     if isinstance(error, DiskReserveShort):
         return StageStop("DISK_RESERVE", str(error), "paused")
     if isinstance(error, RecordRequiresHandling):
@@ -93,7 +93,8 @@ def snapshot_stop(error: Exception) -> StageStop:
 
 
 def model_stop(error: Exception) -> StageStop:
-    """What the worker does about a failure of a model call or of its answer."""
+    """What the worker does about a failure of a model call, its answer or the package it reads (any other
+    error is raised again)."""
     if isinstance(error, (UnitTooLarge, ProviderInputTooLarge, ProviderOutputTruncated)):
         # Splitting a unit needs the store's split protocol; until then the user resumes with a model
         # that has a larger window.

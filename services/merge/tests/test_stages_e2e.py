@@ -4,6 +4,7 @@ the real snapshot package, extraction units, the handoff and the published targe
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -13,6 +14,7 @@ import pytest
 from deadline_testing import eventually
 from merge_testing import MergeStack, merge_settings, running_merge, running_merge_service
 from model_server_testing import MODEL, FakeModelServer, Reply
+from snapshot_testing import Sources
 from stages_testing import FAST, Hold, attempts, merged_sessions, two_sources
 from transcript_testing import all_messages, append, running_transcript, user
 
@@ -32,6 +34,7 @@ from continuum_merge.snapshot import (
     SourceChanged,
     SourceMissing,
     SourceUnavailable,
+    TranscriptSourceReader,
     verify_snapshot,
 )
 from continuum_merge.stages import MergeStages, model_stop, snapshot_stop
@@ -92,6 +95,11 @@ async def test_two_sources_with_tool_rounds_publish_a_merged_target_and_free_the
     stack: MergeStack, hold: Hold
 ) -> None:
     await two_sources(stack.transcript)
+    picture = b"\x89PNG picture bytes " * 5000
+    sources = Sources(stack.transcript, TranscriptSourceReader(stack.transcript.stub, stack.user(), 30))
+    attachment_id = await sources.upload("a", picture)
+    shown = tpb.ContentPart(attachment=tpb.AttachmentReference(attachment_id=attachment_id))
+    await append(stack.transcript, "a", tpb.NewMessage(role=tpb.MESSAGE_ROLE_USER, content=[shown]))
     start = await stack.start(["a", "b"], title="Merged work")
     operation_id = start.operation.progress.operation_id
     await asyncio.wait_for(hold.reached.wait(), 60)
@@ -131,6 +139,7 @@ async def test_two_sources_with_tool_rounds_publish_a_merged_target_and_free_the
     refs = [row["recordRef"] for row in records(package)]
     assert len(refs) == len(set(refs))
     assert (package / "handoff" / "handoff.md").is_file()
+    assert (package / "snapshot" / "assets" / hashlib.sha256(picture).hexdigest()).read_bytes() == picture
 
     # Every unit ran once with the offline provider, and its call was recorded as completed.
     units, outcomes = await attempts(stack.database, operation_id)
