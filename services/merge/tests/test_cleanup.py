@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import uuid
 from pathlib import Path
 
 from deadline_testing import eventually
@@ -83,7 +84,8 @@ async def test_cleanup_command_reconciles_what_was_missed_and_keeps_everything_w
 
 async def reconciled(stack: MergeStack, kept: pb.MergeOperation, tmp_path: Path, database_url: str) -> None:
     root = stack.settings.resolved_package_root()
-    (root / "op_stray" / "staging").mkdir(parents=True)
+    (root / uuid.uuid4().hex / "staging").mkdir(parents=True)
+    (root / "lost+found").mkdir()
     cancelled_id = (await stack.start(["a", "b"], key="key-3")).operation.progress.operation_id
     await stack.stub.CancelMerge(api.CancelMergeRequest(operation_id=cancelled_id), metadata=stack.user())
     # What a cancelled operation whose writer crashed leaves behind.
@@ -97,7 +99,7 @@ async def reconciled(stack: MergeStack, kept: pb.MergeOperation, tmp_path: Path,
     code, output = await cleanup_command(stack)
     assert code == 0, output
     remaining = sorted(path.name for path in root.iterdir())
-    assert remaining == [kept.progress.operation_id], output
+    assert remaining == sorted([kept.progress.operation_id, "lost+found"]), output
     verify_snapshot(root / kept.progress.operation_id)
     await stack.run_claim("a")
 
