@@ -18,6 +18,8 @@ from transcript_testing import running_transcript
 from continuum.merge.v1 import merge_service_pb2 as api
 from continuum.merge.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as tapi
+from continuum_merge.cleanup import forget_target
+from continuum_merge.server import open_transcript
 from continuum_merge.snapshot import verify_snapshot
 from continuum_merge.worker import UNIT_BEFORE_COMMIT
 
@@ -127,3 +129,24 @@ async def test_a_cancelled_operation_loses_its_directory_once_its_writer_stopped
         operation = await stack.get(operation_id)
         assert operation.progress.status == pb.MERGE_STATUS_CANCELLED and not operation.progress.target_available
         assert not await merged_sessions(stack.transcript)
+
+
+async def test_an_event_naming_a_live_target_or_a_package_already_gone_removes_nothing(
+    tmp_path: Path, database_url: str
+) -> None:
+    async with running_merge(tmp_path, database_url, overrides=FAST) as stack:
+        root = stack.settings.resolved_package_root()
+        await two_sources(stack.transcript)
+        operation = await merged(stack, ["a", "b"], "key-1")
+        client = open_transcript(stack.settings)
+        try:
+            target = operation.progress.target_session_id
+            assert not await forget_target(stack.database, client, root, target)
+            verify_snapshot(root / operation.progress.operation_id)
+            assert not await forget_target(stack.database, client, root, "a")
+            await delete(stack, target)
+            await eventually(lambda: not (root / operation.progress.operation_id).exists(), what="the removal")
+            # The same event replayed: the package is gone already, nothing else is touched.
+            assert not await forget_target(stack.database, client, root, target)
+        finally:
+            await client.close()
