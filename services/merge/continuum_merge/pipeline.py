@@ -50,6 +50,15 @@ class StageStop(Exception):
         self.outcome = outcome
 
 
+class SplitNeeded(Exception):
+    """A unit's request or answer did not fit: it is replaced by `children` (deterministic ids that sort
+    right after it), committed with the parent's split in one transaction."""
+
+    def __init__(self, children: Sequence[NewUnit]) -> None:
+        super().__init__(f"split into {len(children)} units")
+        self.children = tuple(children)
+
+
 class Pipeline(Protocol):
     """What an operation's stages do; every call may raise `StageStop`."""
 
@@ -68,7 +77,7 @@ class Pipeline(Protocol):
         ...
 
     async def run_unit(self, package_dir: Path, unit: Unit, model: str) -> UnitDone:
-        """Run one unit and rename its result into place."""
+        """Run one unit and rename its result into place (`SplitNeeded` when it must be split)."""
         ...
 
     async def aggregate(self, package_dir: Path, results: Sequence[Path], model: str) -> str:

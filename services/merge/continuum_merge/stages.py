@@ -30,10 +30,11 @@ from continuum_merge.extraction import (
     aggregate,
     plan_units,
     run_unit,
+    split_unit,
     verify_handoff,
 )
 from continuum_merge.extraction.unit import CallHook
-from continuum_merge.pipeline import Sealed, StageStop, UnitDone
+from continuum_merge.pipeline import Sealed, SplitNeeded, StageStop, UnitDone
 from continuum_merge.snapshot import (
     DiskReserveShort,
     PackageDamaged,
@@ -94,11 +95,11 @@ def snapshot_stop(error: Exception) -> StageStop:
 
 def model_stop(error: Exception) -> StageStop:
     """What the worker does about a failure of a model call, its answer or the package it reads (any other
-    error is raised again)."""
+    error is raised again). A unit that does not fit is split (`MergeStages.run_unit`); what still does
+    not fit (a single part, or an aggregation pack) pauses: resume with a model that has a larger window."""
     if isinstance(error, (UnitTooLarge, ProviderInputTooLarge, ProviderOutputTruncated)):
-        # Splitting a unit needs the store's split protocol; until then the user resumes with a model
-        # that has a larger window.
-        return StageStop("PROVIDER_UNAVAILABLE", "a unit does not fit the model's window or answer limit", "paused")
+        return StageStop("PROVIDER_UNAVAILABLE", "a stored record does not fit the model's window or answer limit",
+                         "paused")  # fmt: skip
     if isinstance(error, AnswerInvalid):
         return StageStop("PROVIDER_UNAVAILABLE", "the model kept answering outside the item schema", "paused")
     if isinstance(error, ProviderError):
@@ -189,7 +190,9 @@ class MergeStages:
             outcome = await run_unit(
                 spec, package_dir, self._provider, model=model, budget=self._budget, on_call=self._on_call
             )
-        except (UnitTooLarge, AnswerInvalid, ProviderError, PackageUnreadable) as error:
+        except (UnitTooLarge, ProviderInputTooLarge, ProviderOutputTruncated) as error:
+            raise await self._split(package_dir, spec, model, error) from error
+        except (AnswerInvalid, ProviderError, PackageUnreadable) as error:
             raise model_stop(error) from error
         usage = outcome.usage
         return UnitDone(
@@ -198,6 +201,22 @@ class MergeStages:
             outcome.model,
             None if usage is None else usage.prompt_tokens,
             None if usage is None else usage.completion_tokens,
+        )
+
+    async def _split(self, package_dir: Path, spec: UnitSpec, model: str, error: Exception) -> Exception:
+        """The two halves replacing a unit that did not fit (`SplitNeeded`); a single part that does not
+        fit pauses."""
+        try:
+            halves = await asyncio.to_thread(split_unit, package_dir, spec)
+        except PackageUnreadable as unreadable:
+            return model_stop(unreadable)
+        if halves is None:
+            return model_stop(error)
+        return SplitNeeded(
+            [
+                NewUnit(half.unit_id, STAGE, half.ordinal, half.input_hash, half.input_json(), PROCESSOR_VERSION, model)
+                for half in halves
+            ]
         )
 
     async def aggregate(self, package_dir: Path, results: Sequence[Path], model: str) -> str:

@@ -731,3 +731,52 @@ async def load_by_target(connection: AsyncConnection, target_session_id: str) ->
     """The operation that reserved this target id, if any."""
     query = select(session_merges).where(session_merges.c.target_session_id == target_session_id)
     return _operation((await connection.execute(query)).mappings().first())
+
+
+async def split_unit(
+    connection: AsyncConnection, fence: Fence, unit_id: str, children: Sequence[NewUnit], now_ms: int
+) -> bool:
+    """In one transaction: the running parent becomes split, naming its children in its input_json, and
+    the children are inserted pending (so a parent and its children never both run). Fenced."""
+    if not await advance(connection, fence, now_ms):
+        return False
+    table = session_merge_units
+    parent = (
+        await connection.execute(
+            select(table.c.input_json).where(
+                table.c.operation_id == fence.operation_id,
+                table.c.unit_id == unit_id,
+                table.c.state == "running",
+                table.c.run_epoch == fence.run_epoch,
+            )
+        )
+    ).first()
+    if parent is None:
+        return False
+    described = {**json.loads(parent[0]), "childUnitIds": [child.unit_id for child in children]}
+    statement = (
+        update(table)
+        .where(
+            table.c.operation_id == fence.operation_id,
+            table.c.unit_id == unit_id,
+            table.c.state == "running",
+            table.c.run_epoch == fence.run_epoch,
+        )
+        .values(state="split", input_json=json.dumps(described, separators=(",", ":")), update_ms=now_ms)
+    )
+    if (await connection.execute(statement)).rowcount != 1:
+        return False
+    for child in children:
+        await connection.execute(
+            insert_ignoring_conflicts(connection, table)
+            .values(
+                operation_id=fence.operation_id,
+                state="pending",
+                attempt_count=0,
+                run_epoch=fence.run_epoch,
+                update_ms=now_ms,
+                **child.__dict__,
+            )
+            .on_conflict_do_nothing(index_elements=["operation_id", "unit_id"])
+        )
+    return True

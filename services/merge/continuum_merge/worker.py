@@ -31,7 +31,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from continuum_merge import store
 from continuum_merge.admission import TreeChanged, claim_sources, cut_json, holder, parse_cut, read_cut
 from continuum_merge.errors import MergeError, SourceBusy, TranscriptRefused, TranscriptUnavailable
-from continuum_merge.pipeline import Pipeline, Sealed, StageStop
+from continuum_merge.pipeline import Pipeline, Sealed, SplitNeeded, StageStop
 from continuum_merge.settings import MergeSettings
 from continuum_merge.store import Fence, Operation
 from continuum_merge.transcript_client import HeldClaim, TargetSpec, TranscriptClient
@@ -405,8 +405,16 @@ class OperationRun:
             async with self._db.transaction() as connection:
                 if not await store.insert_units(connection, self._fence, planned, self._clock.now_ms()):
                     raise Superseded(operation.operation_id)
+        while True:
+            results = await self._extract_listed(operation.operation_id, model)
+            if results is not None:
+                return results
+
+    async def _extract_listed(self, operation_id: str, model: str) -> list[Path] | None:
+        """One pass over the units as listed now; None when a unit was split (list again: its children
+        follow it)."""
         async with self._db.connection() as connection:
-            units = await store.list_units(connection, operation.operation_id, "extracting")
+            units = await store.list_units(connection, operation_id, "extracting")
         results: list[Path] = []
         for unit in units:
             if unit.state == "split":
@@ -418,11 +426,15 @@ class OperationRun:
                     continue
                 async with self._db.transaction() as connection:
                     if not await store.redo_unit(connection, self._fence, unit.unit_id, self._clock.now_ms()):
-                        raise Superseded(operation.operation_id)
-            results.append(await self._run_unit(unit, model))
+                        raise Superseded(operation_id)
+            done = await self._run_unit(unit, model)
+            if done is None:
+                return None
+            results.append(done)
         return results
 
-    async def _run_unit(self, unit: store.Unit, model: str) -> Path:
+    async def _run_unit(self, unit: store.Unit, model: str) -> Path | None:
+        """The unit commit protocol around one unit; None when the unit was split instead."""
         request_id = uuid.uuid4().hex
         async with self._db.transaction() as connection:
             if not await store.start_unit(
@@ -431,6 +443,14 @@ class OperationRun:
                 raise Superseded(self._fence.operation_id)
         try:
             done = await self._pipeline.run_unit(self._package, unit, model)
+        except SplitNeeded as split:
+            async with self._db.transaction() as connection:
+                await store.finish_attempt(connection, request_id, "error", None, None, self._clock.now_ms())
+                if not await store.split_unit(
+                    connection, self._fence, unit.unit_id, split.children, self._clock.now_ms()
+                ):
+                    raise Superseded(self._fence.operation_id) from split
+            return None
         except BaseException as error:
             outcome = "cancelled" if isinstance(error, asyncio.CancelledError) else "error"
             async with self._db.transaction() as connection:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from continuum_merge.admission import TreeCut
-from continuum_merge.pipeline import Sealed, StageStop, UnitDone
+from continuum_merge.pipeline import Sealed, SplitNeeded, StageStop, UnitDone
 from continuum_merge.store import NewUnit, Unit
 
 PROCESSOR = "scripted-1"
@@ -46,6 +46,8 @@ class ScriptedPipeline:
     waiting: set[str] = field(default_factory=set)
     calls: Counter[str] = field(default_factory=Counter)
     snapshots: list[tuple[str, int, tuple[TreeCut, ...]]] = field(default_factory=list)
+    # Unit ids that do not fit: their first call asks for two halves instead.
+    splits: set[str] = field(default_factory=set)
 
     def _maybe_stop(self, stage: str) -> None:
         stop = self.stops.pop(stage, None)
@@ -72,13 +74,23 @@ class ScriptedPipeline:
     async def plan(self, package_dir: Path, model: str) -> list[NewUnit]:
         self.calls["plan"] += 1
         return [
-            NewUnit(f"unit-{index}", "extracting", index, f"{index:064x}", "[]", PROCESSOR, model)
+            NewUnit(f"unit-{index}", "extracting", index, f"{index:064x}", "{}", PROCESSOR, model)
             for index in range(self.units)
         ]
 
     async def run_unit(self, package_dir: Path, unit: Unit, model: str) -> UnitDone:
         self.calls[unit.unit_id] += 1
         self._maybe_stop(unit.unit_id)
+        if unit.unit_id in self.splits:
+            self.splits.discard(unit.unit_id)
+            raise SplitNeeded(
+                [
+                    NewUnit(
+                        f"{unit.unit_id}.{half}", "extracting", unit.ordinal, f"{half:064x}", "{}", PROCESSOR, model
+                    )
+                    for half in (0, 1)
+                ]
+            )
         gate = self.holds.pop(unit.unit_id, None)
         if gate is not None:
             self.waiting.add(unit.unit_id)

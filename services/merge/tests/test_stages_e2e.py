@@ -15,6 +15,7 @@ from deadline_testing import eventually
 from merge_testing import MergeStack, merge_settings, running_merge, running_merge_service
 from model_server_testing import MODEL, FakeModelServer, Reply
 from snapshot_testing import Sources
+from sqlalchemy import select
 from stages_testing import FAST, Hold, attempts, merged_sessions, two_sources
 from transcript_testing import all_messages, append, running_transcript, user
 
@@ -24,7 +25,14 @@ from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as tapi
 from continuum_merge import store
 from continuum_merge.admission import TreeCut
-from continuum_merge.extraction import AnswerInvalid, HandoffDamaged, PackageUnreadable, UnitTooLarge, verify_handoff
+from continuum_merge.extraction import (
+    AnswerInvalid,
+    HandoffDamaged,
+    PackageUnreadable,
+    UnitBudget,
+    UnitTooLarge,
+    verify_handoff,
+)
 from continuum_merge.pipeline import Sealed
 from continuum_merge.server import open_transcript
 from continuum_merge.snapshot import (
@@ -38,6 +46,7 @@ from continuum_merge.snapshot import (
     verify_snapshot,
 )
 from continuum_merge.stages import MergeStages, model_stop, snapshot_stop
+from continuum_merge.tables import session_merge_units
 from continuum_merge.transcript_client import TranscriptClient as MergeTranscript
 from continuum_merge.worker import UNIT_BEFORE_COMMIT
 from continuum_runtime.provider import (
@@ -367,3 +376,37 @@ async def test_a_source_deleted_before_the_copy_fails_the_merge_source_missing(
                 await stack.run_claim("a")
         finally:
             await client.close()
+
+
+async def test_units_over_the_request_guard_are_split_and_their_halves_complete(
+    tmp_path: Path, database_url: str
+) -> None:
+    async with running_transcript(tmp_path, database_url) as transcript:
+        client = open_transcript(merge_settings(tmp_path, database_url, transcript.service.port))
+        # Two long tool outputs do not fit one request; one does.
+        stages = MergeStages(
+            client, OfflineProvider(), timeout_seconds=30, disk_reserve_bytes=0, budget=UnitBudget(request_bytes=30_000)
+        )
+        try:
+            async with running_merge_service(
+                tmp_path, database_url, transcript, pipeline=stages, overrides=FAST
+            ) as stack:
+                await two_sources(stack.transcript)
+                operation = await completed(stack, (await stack.start(["a", "b"])).operation.progress.operation_id)
+                async with stack.database.connection() as connection:
+                    states = Counter(
+                        (
+                            await connection.execute(
+                                select(session_merge_units.c.state).where(
+                                    session_merge_units.c.operation_id == operation.progress.operation_id
+                                )
+                            )
+                        ).scalars()
+                    )
+                _, outcomes = await attempts(stack.database, operation.progress.operation_id)
+        finally:
+            await client.close()
+    assert states["split"] >= 1 and set(states) == {"split", "completed"}
+    assert outcomes["error"] == states["split"]
+    progress = operation.progress.progress
+    assert progress.completed_units == progress.known_units == states["completed"]

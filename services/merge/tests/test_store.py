@@ -148,7 +148,7 @@ async def test_the_unit_commit_protocol(database: Database) -> None:
     async with database.transaction() as connection:
         fence = await store.take_lease(connection, await current(connection), "w", NOW, TTL)
     assert fence is not None
-    unit = NewUnit("u1", "extracting", 0, "0" * 64, "[]", "p1", "model")
+    unit = NewUnit("u1", "extracting", 0, "0" * 64, "{}", "p1", "model")
     async with database.transaction() as connection:
         assert await store.insert_units(connection, fence, [unit], NOW)
         assert await store.insert_units(connection, fence, [unit], NOW)  # planning again adds nothing

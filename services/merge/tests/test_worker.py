@@ -5,6 +5,7 @@ and a graceful stop handing the operation to another replica. The stages are scr
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -220,3 +221,29 @@ async def test_resuming_with_another_model_keeps_completed_units(stack: MergeSta
         o=operation_id,
     )
     assert attempts == [("error",), ("completed",)]
+
+
+async def test_a_unit_that_does_not_fit_is_split_and_its_halves_run_in_its_place(
+    stack: MergeStack, pipeline: ScriptedPipeline
+) -> None:
+    pipeline.splits.add("unit-1")
+    operation_id = await started(stack)
+
+    done = await reaches(stack, operation_id, pb.MERGE_STATUS_COMPLETED)
+
+    assert (done.progress.progress.completed_units, done.progress.progress.known_units) == (4, 4)
+    units = await rows(
+        stack,
+        "SELECT unit_id, state, input_json FROM session_merge_units WHERE operation_id = :o ORDER BY ordinal, unit_id",
+        o=operation_id,
+    )
+    assert [(unit_id, state) for unit_id, state, _ in units] == [
+        ("unit-0", "completed"),
+        ("unit-1", "split"),
+        ("unit-1.0", "completed"),
+        ("unit-1.1", "completed"),
+        ("unit-2", "completed"),
+    ]
+    assert '"childUnitIds":["unit-1.0","unit-1.1"]' in str(units[1][2])
+    ready = json.loads((stack.settings.resolved_package_root() / operation_id / "handoff" / "ready.json").read_text())
+    assert list(ready) == ["unit-0.json", "unit-1.0.json", "unit-1.1.json", "unit-2.json"]
