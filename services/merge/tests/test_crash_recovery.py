@@ -4,6 +4,7 @@ And two merge processes on one PostgreSQL: the one working is killed, the other 
 
 from __future__ import annotations
 
+import asyncio
 import signal
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -114,7 +115,7 @@ async def test_kill_9_at_a_failpoint_then_restart_completes_once(
 ) -> None:
     async with merge_process(settings, MERGE_CRASH_AT=failpoint, MERGE_INSTANCE_ID="m1") as doomed:
         operation_id = await doomed.start(["a", "b"])
-        assert await doomed.process.wait() == -signal.SIGKILL
+        assert await asyncio.wait_for(doomed.process.wait(), 60) == -signal.SIGKILL
 
     async with merge_process(settings, MERGE_INSTANCE_ID="m1") as restarted:
         units, outcomes = await recovered(transcript, settings, database, restarted, operation_id)
@@ -128,7 +129,7 @@ async def test_a_sealed_package_damaged_while_the_process_was_down_pauses_and_is
 ) -> None:
     async with merge_process(settings, MERGE_CRASH_AT=UNIT_AFTER_COMMIT, MERGE_INSTANCE_ID="m1") as doomed:
         operation_id = await doomed.start(["a", "b"])
-        assert await doomed.process.wait() == -signal.SIGKILL
+        assert await asyncio.wait_for(doomed.process.wait(), 60) == -signal.SIGKILL
     raw = next((settings.resolved_package_root() / operation_id / "snapshot" / "raw").iterdir())
     raw.write_bytes(raw.read_bytes() + b" ")
 
