@@ -6,6 +6,9 @@ confirms the target is gone (the operation row stays, for diagnosis). `reconcile
 for anything the consumer or a run's own cleanup missed: a deleted target's package, a cancelled
 operation whose writer stopped. It removes nothing it cannot account for, and nothing at all when the
 database cannot be read (the error propagates). The `cleanup` command (a CronJob) runs it.
+`CancelledSweeper` finishes, every little while, the cleanup of cancelled operations whose writer stopped
+and that still hold something: a run cleans up after its own cancel, but a cancel of a paused operation
+has no run (its staging copy, maybe paused short of disk, would otherwise wait for the CronJob).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from continuum_runtime.database import Database
 logger = logging.getLogger("continuum.merge")
 
 CONSUMER = "merge.session-events"
+# Cancelled operations read per query while sweeping.
+SWEEP_PAGE = 200
 
 
 async def remove_package_of_deleted_target(
@@ -134,3 +139,58 @@ def _directories(package_root: Path) -> list[Path]:
     if not package_root.is_dir():
         return []
     return [path for path in package_root.iterdir() if path.is_dir() and not path.is_symlink()]
+
+
+def _left_over(operation: Operation, present: bool) -> bool:
+    """Whether a cancelled operation may still hold something: its directory, a claim, or a target its
+    cancelled publish may have created."""
+    return present or operation.claim_id is not None or operation.stage == "publishing"
+
+
+async def sweep_cancelled(database: Database, transcript: TranscriptClient, package_root: Path, clock: Clock) -> int:
+    """Finish the cleanup of every cancelled operation whose writer stopped and that still holds
+    something; how many were cleaned."""
+    cleaned = 0
+    after = ""
+    while True:
+        async with database.connection() as connection:
+            page = await store.cancelled_with_free_lease(connection, after, SWEEP_PAGE)
+        if not page:
+            return cleaned
+        for operation in page:
+            package = package_root / operation.operation_id
+            if _left_over(operation, await asyncio.to_thread(package.exists)):
+                await cleanup_cancelled(transcript, database, clock, operation, package)
+                cleaned += 1
+        after = page[-1].operation_id
+
+
+class CancelledSweeper:
+    """Sweeps cancelled operations every `interval_seconds` until stopped (a failed sweep is retried at
+    the next one)."""
+
+    def __init__(
+        self,
+        database: Database,
+        transcript: TranscriptClient,
+        package_root: Path,
+        interval_seconds: float,
+        clock: Clock,
+    ) -> None:
+        self._database = database
+        self._transcript = transcript
+        self._package_root = package_root
+        self._interval = interval_seconds
+        self._clock = clock
+
+    async def run(self) -> None:
+        """Sweep forever, the first time one interval after the start (cancel to stop)."""
+        while True:
+            await self._clock.sleep(self._interval)
+            try:
+                cleaned = await sweep_cancelled(self._database, self._transcript, self._package_root, self._clock)
+            except Exception as error:
+                logger.warning("cancelled operations sweep failed", extra={"error": type(error).__name__})
+            else:
+                if cleaned:
+                    logger.info("cleaned cancelled operations", extra={"count": cleaned})

@@ -1,9 +1,11 @@
-"""Wiring: database, migrations, transcript client, provider, worker and the gRPC server."""
+"""Wiring: database, migrations, transcript client, provider, worker, session-events consumer and the gRPC
+server."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import uuid
 from pathlib import Path
@@ -12,12 +14,12 @@ import grpc
 
 from continuum.merge.v1 import merge_service_pb2_grpc as api_grpc
 from continuum_merge import SERVICE_NAME
-from continuum_merge.cleanup import SessionEventsConsumer
+from continuum_merge.cleanup import CancelledSweeper, SessionEventsConsumer
 from continuum_merge.operations import Operations, WorkerSignals
 from continuum_merge.pipeline import Pipeline
 from continuum_merge.servicer import MergeServicer
 from continuum_merge.settings import MergeSettings
-from continuum_merge.stages import PackagePipeline
+from continuum_merge.stages import MergeStages
 from continuum_merge.transcript_client import TranscriptClient
 from continuum_merge.worker import Failpoint, Worker, crash_at
 from continuum_runtime import migrations
@@ -27,6 +29,7 @@ from continuum_runtime.provider import ModelProvider, open_provider
 from continuum_runtime.server import Cleanup, GrpcService, start_server
 from continuum_runtime.telemetry import tracer_provider
 
+logger = logging.getLogger("continuum.merge")
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 FULL_SERVICE_NAME = "continuum.merge.v1.MergeService"
 
@@ -67,6 +70,20 @@ async def migrate(settings: MergeSettings) -> None:
         await database.dispose()
 
 
+def service_failpoint(settings: MergeSettings) -> Failpoint:
+    """The failpoint of a service process: a kill at `crash_at`, a wait that never ends at `hold_at` (so
+    a recovery test can kill the process while it holds a lease there); nothing when both are empty."""
+    kill = crash_at(settings.crash_at)
+
+    async def failpoint(name: str) -> None:
+        await kill(name)
+        if settings.hold_at and name == settings.hold_at:
+            logger.warning("holding at a failpoint", extra={"failpoint": name})
+            await asyncio.Event().wait()
+
+    return failpoint
+
+
 def worker_name(settings: MergeSettings) -> str:
     """The name this replica's leases carry: the configured instance id (stable across restarts, so a
     restart takes its own operations back at once), else one unique to this start (a crashed start's
@@ -84,9 +101,9 @@ async def start(
     """Start the merge service; migrate first when `migrate_on_start` is set.
 
     `provider` replaces the configured one (tests pass an in-memory provider with the same contract);
-    `clock` replaces the system clock; `pipeline` replaces the real stages (tests script them);
-    `failpoint` replaces the kill at `crash_at` (tests hold a run at a named point). With
-    `worker_enabled` off this replica only answers the API.
+    `clock` replaces the system clock; the worker runs the stages through `pipeline` (by default the real
+    ones, `MergeStages`, with the provider; with `worker_enabled` off this replica only answers the API);
+    `failpoint` replaces `service_failpoint` (tests hold a run at a named point).
     """
     clock = clock or SystemClock()
     database = open_database(settings)
@@ -97,36 +114,34 @@ async def start(
     signals: WorkerSignals = ApiOnly()
     drains: list[Cleanup] = []
     if settings.worker_enabled:
-        pipeline = pipeline or PackagePipeline(
+        stages = pipeline or MergeStages(
             transcript,
             provider,
-            transcript_timeout_seconds=settings.transcript_timeout_seconds,
+            timeout_seconds=settings.transcript_timeout_seconds,
             disk_reserve_bytes=settings.disk_reserve_bytes,
         )
         worker = Worker(
             settings,
             database,
             transcript,
-            pipeline,
+            stages,
             clock,
             worker_name(settings),
-            failpoint or crash_at(settings.crash_at),
+            failpoint or service_failpoint(settings),
         )
         signals = worker
         drains.append(worker.stop)
-    operations = Operations(settings, database, transcript, settings.default_model or provider.model, signals, clock)
-    servicer = MergeServicer(operations)
-
-    def register(server: grpc.aio.Server) -> list[str]:
-        api_grpc.add_MergeServiceServicer_to_server(servicer, server)
-        return [FULL_SERVICE_NAME]
-
     tasks: list[asyncio.Task[None]] = []
     if settings.consume_session_events:
         consumer = SessionEventsConsumer(
             database, transcript, settings.resolved_package_root(), settings.events_retry_seconds, clock
         )
         tasks.append(asyncio.create_task(consumer.run()))
+    if settings.worker_enabled:
+        sweeper = CancelledSweeper(
+            database, transcript, settings.resolved_package_root(), settings.cancel_sweep_seconds, clock
+        )
+        tasks.append(asyncio.create_task(sweeper.run()))
 
     async def stop_tasks() -> None:
         for task in tasks:
@@ -134,12 +149,19 @@ async def start(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    operations = Operations(settings, database, transcript, settings.default_model or provider.model, signals, clock)
+    servicer = MergeServicer(operations)
+
+    def register(server: grpc.aio.Server) -> list[str]:
+        api_grpc.add_MergeServiceServicer_to_server(servicer, server)
+        return [FULL_SERVICE_NAME]
+
     service = await start_server(
         SERVICE_NAME,
         settings,
         register=register,
         tracer_provider=tracer_provider(SERVICE_NAME, settings.trace_exporter),
-        cleanups=[transcript.close, provider.aclose, database.dispose, stop_tasks],
+        cleanups=[stop_tasks, transcript.close, provider.aclose, database.dispose],
         drains=drains,
     )
     if isinstance(signals, Worker):

@@ -51,6 +51,8 @@ class MergeSettings(ServiceSettings):
     retry_seconds: float = Field(default=30.0, gt=0)
     # Recovery tests only: the named point (see `worker`) at which the process kills itself.
     crash_at: str = Field(default="", max_length=64)
+    # Recovery tests only: the named point (see `worker`) at which a run waits until the process is killed.
+    hold_at: str = Field(default="", max_length=64)
     # Run the worker in this process (off: this replica only answers the API).
     worker_enabled: bool = True
     # Names this replica's leases. Empty: a name unique to this start.
@@ -63,6 +65,8 @@ class MergeSettings(ServiceSettings):
     consume_session_events: bool = True
     # Pause before re-watching transcript's events after the stream broke.
     events_retry_seconds: float = Field(default=2.0, gt=0)
+    # How often cancelled operations without a run (cancelled while paused) are cleaned up.
+    cancel_sweep_seconds: float = Field(default=30.0, gt=0)
 
     # MERGE_PROVIDER__KIND=openai, MERGE_PROVIDER__BASE_URL=..., etc.; offline by default.
     provider: ProviderSettings = ProviderSettings()

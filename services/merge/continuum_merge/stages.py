@@ -1,6 +1,15 @@
-"""The real stages behind the worker's `Pipeline`: the sealed snapshot (`continuum_merge.snapshot`) and
-the extraction, aggregation and handoff checks (`continuum_merge.extraction`), with their failures
-mapped to what the operation shows (MergeErrorCode and paused / failed / retry)."""
+"""The merge's real stages: the `Pipeline` the worker runs, over `snapshot` and `extraction`.
+
+The snapshot reads the sources through transcript's gRPC contract acting for the operation's owner; a
+source that is itself a completed merge target contributes its package's originals (the snapshot finds
+them beside this operation's directory, under the same package root). Extraction and aggregation read
+only the sealed package and ask the configured model provider (offline by default).
+
+Every failure of those packages leaves here as a `StageStop` naming a MergeErrorCode and what the worker
+does about it: retry later by itself (transcript or the provider unreachable), pause until the user
+resumes (disk short, a busy or changed source, a record to handle, a model that keeps refusing, a package
+that no longer matches its hashes: it is never rebuilt from sources that changed), or fail (a source is gone).
+"""
 
 from __future__ import annotations
 
@@ -8,11 +17,14 @@ import asyncio
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import grpc
+
 from continuum_merge.admission import TreeCut
 from continuum_merge.extraction import (
     AnswerInvalid,
     HandoffDamaged,
     PackageUnreadable,
+    UnitBudget,
     UnitSpec,
     UnitTooLarge,
     aggregate,
@@ -21,14 +33,13 @@ from continuum_merge.extraction import (
     split_unit,
     verify_handoff,
 )
-from continuum_merge.extraction.plan import UnitBudget
+from continuum_merge.extraction.unit import CallHook
 from continuum_merge.pipeline import Sealed, SplitNeeded, StageStop, UnitDone
 from continuum_merge.snapshot import (
     DiskReserveShort,
     PackageDamaged,
     RecordRequiresHandling,
     SealedSnapshot,
-    SnapshotError,
     SourceChanged,
     SourceCut,
     SourceMissing,
@@ -41,61 +52,93 @@ from continuum_merge.store import NewUnit, Unit
 from continuum_merge.transcript_client import TranscriptClient
 from continuum_runtime.provider import (
     ModelProvider,
-    ProviderAuthFailed,
+    ProviderError,
     ProviderInputTooLarge,
     ProviderOutputTruncated,
-    ProviderRequestRejected,
 )
 
-# Recorded with every unit: a new processor plans (and names) its units anew.
-PROCESSOR_VERSION = "merge-extraction/2"
+# Recorded with every unit: results of another processor are never reused for this one's units.
+PROCESSOR_VERSION = "merge-extract-1"
+STAGE = "extracting"
 
 
 def _sealed(snapshot: SealedSnapshot) -> Sealed:
-    return Sealed(snapshot.version, snapshot.snapshot_hash, tuple(snapshot.blocking_record_refs))
+    return Sealed(snapshot.version, snapshot.snapshot_hash, snapshot.blocking_record_refs)
 
 
-def snapshot_stop(error: SnapshotError) -> StageStop:
-    """What a snapshot failure means for the operation."""
+def _damaged(what: str) -> StageStop:
+    # Paused for diagnosis (issue 9): resuming verifies again, nothing is rebuilt from the sources.
+    return StageStop("PACKAGE_DAMAGED", what, "paused")
+
+
+def snapshot_stop(error: Exception) -> StageStop:
+    """What the worker does about a failure of the snapshot copy (any other error is raised again)."""
     if isinstance(error, DiskReserveShort):
-        return StageStop(
-            "DISK_RESERVE", "less free disk than the configured reserve; resume once space is freed", "paused"
-        )
+        return StageStop("DISK_RESERVE", str(error), "paused")
+    if isinstance(error, RecordRequiresHandling):
+        return StageStop("RECORD_REQUIRES_HANDLING", str(error), "paused")
     if isinstance(error, SourceMissing):
-        return StageStop("SOURCE_MISSING", f"source session {error.session_id} is gone", "paused")
+        return StageStop("SOURCE_MISSING", str(error), "failed")
     if isinstance(error, SourceChanged):
-        return StageStop("SOURCE_BUSY", f"source session {error.session_id} changed while it was copied", "paused")
+        return StageStop("SOURCE_BUSY", str(error), "paused")
     if isinstance(error, SourceUnavailable):
         return StageStop("SOURCE_BUSY", "transcript is unavailable; retrying", "retry")
-    if isinstance(error, RecordRequiresHandling):
-        return StageStop("RECORD_REQUIRES_HANDLING", f"{len(error.record_refs)} record(s) need handling", "paused")
     if isinstance(error, PackageDamaged):
-        return StageStop("PACKAGE_DAMAGED", "the sealed package does not match its hashes", "failed")
-    return StageStop("PACKAGE_DAMAGED", "the snapshot could not be built", "failed")
+        # An earlier merge's package a source depends on (this one is not sealed yet).
+        return _damaged(str(error))
+    if isinstance(error, grpc.aio.AioRpcError):
+        if error.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED):
+            return StageStop("SOURCE_MISSING", f"a source session is gone ({error.code().name})", "failed")
+        return StageStop("SOURCE_BUSY", f"transcript refused a read ({error.code().name}); retrying", "retry")
+    raise error
 
 
-class PackagePipeline:
-    """The stages over an operation's package directory, reading sources through transcript."""
+def model_stop(error: Exception) -> StageStop:
+    """What the worker does about a failure of a model call, its answer or the package it reads (any other
+    error is raised again). A unit that does not fit is split (`MergeStages.run_unit`); what still does
+    not fit (a single part, or an aggregation pack) pauses: resume with a model that has a larger window."""
+    if isinstance(error, (UnitTooLarge, ProviderInputTooLarge, ProviderOutputTruncated)):
+        return StageStop("PROVIDER_UNAVAILABLE", "a stored record does not fit the model's window or answer limit",
+                         "paused")  # fmt: skip
+    if isinstance(error, AnswerInvalid):
+        return StageStop("PROVIDER_UNAVAILABLE", "the model kept answering outside the item schema", "paused")
+    if isinstance(error, ProviderError):
+        if error.retryable:
+            return StageStop("PROVIDER_UNAVAILABLE", "the model provider is unavailable; retrying", "retry")
+        return StageStop("PROVIDER_UNAVAILABLE", f"the model provider refused ({type(error).__name__})", "paused")
+    if isinstance(error, (PackageUnreadable, HandoffDamaged)):
+        return _damaged(str(error))
+    raise error
+
+
+class MergeStages:
+    """The `Pipeline` of the service: snapshot over transcript, extraction with `provider`.
+
+    `budget` sizes the extraction requests (the extraction's default unless given); `on_call` hears of
+    every answered model call (units and condensing packs).
+    """
 
     def __init__(
         self,
         transcript: TranscriptClient,
         provider: ModelProvider,
         *,
-        transcript_timeout_seconds: float,
+        timeout_seconds: float,
         disk_reserve_bytes: int,
         budget: UnitBudget | None = None,
+        on_call: CallHook | None = None,
     ) -> None:
         self._transcript = transcript
         self._provider = provider
-        self._timeout = transcript_timeout_seconds
+        self._timeout = timeout_seconds
         self._reserve = disk_reserve_bytes
         self._budget = budget or UnitBudget()
+        self._on_call = on_call
 
     async def snapshot(
         self, owner: str, package_dir: Path, cuts: Sequence[TreeCut], version: int, failpoint: Callable[[str], None]
     ) -> Sealed:
-        """Copy every source tree up to its cut, acting for the owner, and seal it."""
+        """Copy the source trees up to their recorded cuts, acting for `owner`, and seal."""
         reader = TranscriptSourceReader(self._transcript.stub, self._transcript.metadata(owner), self._timeout)
         sources = [
             SourceCut(cut.root_session_id, cut.session_ids, cut.last_message_ids, cut.history_generations)
@@ -105,104 +148,90 @@ class PackagePipeline:
             sealed = await build_snapshot(
                 reader, sources, package_dir, version=version, disk_reserve_bytes=self._reserve, failpoint=failpoint
             )
-        except SnapshotError as error:
+        except (
+            DiskReserveShort,
+            RecordRequiresHandling,
+            SourceMissing,
+            SourceChanged,
+            SourceUnavailable,
+            PackageDamaged,
+            grpc.aio.AioRpcError,
+        ) as error:
             raise snapshot_stop(error) from error
         return _sealed(sealed)
 
     async def verify_snapshot(self, package_dir: Path) -> Sealed:
-        """The recorded seal checked against the package (in a thread: it hashes every file)."""
+        """The recorded seal checked whole against the package (in a thread)."""
         try:
             return _sealed(await asyncio.to_thread(verify_snapshot, package_dir))
-        except SnapshotError as error:
-            raise snapshot_stop(error) from error
+        except PackageDamaged as error:
+            raise _damaged(str(error)) from error
 
     async def plan(self, package_dir: Path, model: str) -> list[NewUnit]:
-        """The extraction units, as rows (the spec lives in the bounded input_json)."""
+        """The extraction units of the sealed snapshot, as rows to insert."""
         try:
             specs = await asyncio.to_thread(
                 plan_units, package_dir, processor_version=PROCESSOR_VERSION, budget=self._budget
             )
         except PackageUnreadable as error:
-            raise StageStop("PACKAGE_DAMAGED", "the sealed snapshot could not be planned", "failed") from error
+            raise _damaged(str(error)) from error
         return [
-            NewUnit(
-                spec.unit_id, "extracting", spec.ordinal, spec.input_hash, spec.input_json(), PROCESSOR_VERSION, model
-            )
+            NewUnit(spec.unit_id, STAGE, spec.ordinal, spec.input_hash, spec.input_json(), PROCESSOR_VERSION, model)
             for spec in specs
         ]
 
     async def run_unit(self, package_dir: Path, unit: Unit, model: str) -> UnitDone:
-        """One unit's model call(s) and its result renamed into place."""
-        spec = UnitSpec.from_stored(unit.unit_id, unit.ordinal, unit.input_json)
+        """Run one stored unit against the sealed snapshot it was planned over."""
         try:
-            outcome = await run_unit(spec, package_dir, self._provider, model=model, budget=self._budget)
+            spec = UnitSpec.from_stored(unit.unit_id, unit.ordinal, unit.input_json)
+        except ValueError as error:
+            raise _damaged(str(error)) from error
+        try:
+            outcome = await run_unit(
+                spec, package_dir, self._provider, model=model, budget=self._budget, on_call=self._on_call
+            )
         except (UnitTooLarge, ProviderInputTooLarge, ProviderOutputTruncated) as error:
-            raise await self._split(package_dir, spec, model) from error
-        except PackageUnreadable as error:
-            raise StageStop("PACKAGE_DAMAGED", "the sealed snapshot could not be read", "failed") from error
-        except AnswerInvalid as error:
-            raise StageStop(
-                "PROVIDER_UNAVAILABLE", "the model's answers stayed invalid; resume, maybe with another model", "paused"
-            ) from error
-        except (ProviderAuthFailed, ProviderRequestRejected) as error:
-            raise StageStop(
-                "PROVIDER_UNAVAILABLE", "the model provider refused the request; check its settings", "paused"
-            ) from error
+            raise await self._split(package_dir, spec, model, error) from error
+        except (AnswerInvalid, ProviderError, PackageUnreadable) as error:
+            raise model_stop(error) from error
         usage = outcome.usage
         return UnitDone(
             outcome.relative_path,
             outcome.sha256,
             outcome.model,
-            usage.prompt_tokens if usage is not None else None,
-            usage.completion_tokens if usage is not None else None,
+            None if usage is None else usage.prompt_tokens,
+            None if usage is None else usage.completion_tokens,
         )
 
-    async def _split(self, package_dir: Path, spec: UnitSpec, model: str) -> SplitNeeded | StageStop:
-        """The two halves replacing a unit that did not fit; a single part that does not fit pauses."""
+    async def _split(self, package_dir: Path, spec: UnitSpec, model: str, error: Exception) -> Exception:
+        """The two halves replacing a unit that did not fit (`SplitNeeded`); a single part that does not
+        fit pauses."""
         try:
             halves = await asyncio.to_thread(split_unit, package_dir, spec)
-        except PackageUnreadable:
-            return StageStop("PACKAGE_DAMAGED", "the sealed snapshot could not be read", "failed")
+        except PackageUnreadable as unreadable:
+            return model_stop(unreadable)
         if halves is None:
-            return StageStop(
-                "PROVIDER_UNAVAILABLE",
-                "one stored record is too large for the model; resume with another model",
-                "paused",
-            )
+            return model_stop(error)
         return SplitNeeded(
             [
-                NewUnit(
-                    half.unit_id,
-                    "extracting",
-                    half.ordinal,
-                    half.input_hash,
-                    half.input_json(),
-                    PROCESSOR_VERSION,
-                    model,
-                )
+                NewUnit(half.unit_id, STAGE, half.ordinal, half.input_hash, half.input_json(), PROCESSOR_VERSION, model)
                 for half in halves
             ]
         )
 
     async def aggregate(self, package_dir: Path, results: Sequence[Path], model: str) -> str:
-        """The handoff built from the units' results; the hash of its ready.json."""
+        """Build the handoff from the units' results; the hash of its ready.json."""
         try:
-            ready = await aggregate(package_dir, results, self._provider, model=model, budget=self._budget)
-        except (PackageUnreadable, HandoffDamaged) as error:
-            raise StageStop("PACKAGE_DAMAGED", "the units' results could not be aggregated", "failed") from error
-        except AnswerInvalid as error:
-            raise StageStop(
-                "PROVIDER_UNAVAILABLE", "the model's answers stayed invalid; resume, maybe with another model", "paused"
-            ) from error
-        except (ProviderAuthFailed, ProviderRequestRejected) as error:
-            raise StageStop(
-                "PROVIDER_UNAVAILABLE", "the model provider refused the request; check its settings", "paused"
-            ) from error
+            ready = await aggregate(
+                package_dir, results, self._provider, model=model, budget=self._budget, on_call=self._on_call
+            )
+        except (AnswerInvalid, ProviderError, PackageUnreadable, HandoffDamaged) as error:
+            raise model_stop(error) from error
         return ready.handoff_hash
 
     async def verify_handoff(self, package_dir: Path) -> str:
-        """The handoff checked file by file against ready.json (in a thread); its hash."""
+        """The handoff checked against ready.json (in a thread); its hash."""
         try:
             return (await asyncio.to_thread(verify_handoff, package_dir)).handoff_hash
         except HandoffDamaged as error:
-            raise StageStop("PACKAGE_DAMAGED", "the handoff does not match its ready.json", "failed") from error
+            raise _damaged(str(error)) from error

@@ -715,6 +715,18 @@ async def redo_unit(connection: AsyncConnection, fence: Fence, unit_id: str, now
     return (await connection.execute(statement)).rowcount == 1
 
 
+async def cancelled_with_free_lease(connection: AsyncConnection, after: str, limit: int) -> list[Operation]:
+    """Cancelled operations no worker holds any more (their writers stopped), by id after `after`."""
+    table = session_merges
+    query = (
+        select(table)
+        .where(table.c.status == "cancelled", table.c.lease_owner.is_(None), table.c.operation_id > after)
+        .order_by(table.c.operation_id)
+        .limit(limit)
+    )
+    return [Operation(**row) for row in (await connection.execute(query)).mappings()]
+
+
 async def load_by_target(connection: AsyncConnection, target_session_id: str) -> Operation | None:
     """The operation that reserved this target id, if any."""
     query = select(session_merges).where(session_merges.c.target_session_id == target_session_id)

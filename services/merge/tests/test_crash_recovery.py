@@ -1,170 +1,180 @@
-"""Kill -9 of the merge process at every named stage point, then a restart: exactly one target,
-committed units reused, hashes verified, no claim left behind. And two merge processes on one
-database: the worker is killed, the other replica takes the operation over once its lease lapses.
-
-Merge runs as its own process (`python -m continuum_merge serve`) with the real stages and the
-built-in offline provider; MERGE_CRASH_AT makes it kill itself at the named point.
-"""
+"""kill -9 of the merge process at every named failpoint, then a restart: the operation completes with
+exactly one target, completed units are reused, the package's hashes verify and no claim is left behind.
+And two merge processes on one PostgreSQL: the one working is killed, the other finishes."""
 
 from __future__ import annotations
 
 import asyncio
-from asyncio.subprocess import Process
+import signal
+from collections import Counter
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 from deadline_testing import eventually
 from google.protobuf import duration_pb2
-from merge_testing import OWNER, MergeClient, merge_database_url
-from process_testing import serve_module
-from sqlalchemy import text
-from transcript_testing import SERVICE_TOKEN, TranscriptClient, all_messages, running_transcript
+from merge_testing import OWNER
+from stages_testing import (
+    MergeProcess,
+    attempts,
+    merge_process,
+    merged_sessions,
+    metadata,
+    process_settings,
+    two_sources,
+)
+from transcript_testing import TranscriptClient, append, running_transcript, user
 
-from continuum.merge.v1 import merge_service_pb2_grpc as api_grpc
+from continuum.merge.v1 import error_code_pb2
 from continuum.merge.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as tapi
-from continuum_merge import worker
-from continuum_merge.snapshot import AFTER_SEAL, BEFORE_SEAL
-from continuum_runtime.channels import open_channel
+from continuum_merge import store
+from continuum_merge.extraction import verify_handoff
+from continuum_merge.settings import MergeSettings
+from continuum_merge.snapshot import AFTER_SEAL, BEFORE_SEAL, verify_snapshot
+from continuum_merge.worker import (
+    PUBLISH_AFTER_COMPLETE,
+    PUBLISH_AFTER_TARGET,
+    PUBLISH_BEFORE_COMPLETE,
+    PUBLISH_BEFORE_TARGET,
+    SEAL_AFTER_RECORD,
+    SEAL_BEFORE_RECORD,
+    UNIT_AFTER_COMMIT,
+    UNIT_BEFORE_COMMIT,
+)
 from continuum_runtime.database import Database
 
-FAILPOINTS = [
+FAILPOINTS = (
     BEFORE_SEAL,
     AFTER_SEAL,
-    worker.SEAL_BEFORE_RECORD,
-    worker.SEAL_AFTER_RECORD,
-    worker.UNIT_BEFORE_COMMIT,
-    worker.UNIT_AFTER_COMMIT,
-    worker.PUBLISH_BEFORE_TARGET,
-    worker.PUBLISH_AFTER_TARGET,
-    worker.PUBLISH_BEFORE_COMPLETE,
-    worker.PUBLISH_AFTER_COMPLETE,
-]
+    SEAL_BEFORE_RECORD,
+    SEAL_AFTER_RECORD,
+    UNIT_BEFORE_COMMIT,
+    UNIT_AFTER_COMMIT,
+    PUBLISH_BEFORE_TARGET,
+    PUBLISH_AFTER_TARGET,
+    PUBLISH_BEFORE_COMPLETE,
+    PUBLISH_AFTER_COMPLETE,
+)
 
 
-@asynccontextmanager
-async def merge_process(
-    tmp_path: Path, database_url: str, transcript: TranscriptClient, instance: str, crash_at: str = ""
-) -> AsyncIterator[tuple[MergeClient, Process]]:
-    """A merge process beside the in-process transcript; killed when the block ends if still alive."""
-    data_dir = tmp_path / "merge"
-    env = {
-        "MERGE_DATA_DIR": str(data_dir),
-        "MERGE_DATABASE_URL": merge_database_url(database_url),
-        "MERGE_PORT": "0",
-        "MERGE_SERVICE_TOKEN": SERVICE_TOKEN,
-        "MERGE_TRANSCRIPT_ADDRESS": f"127.0.0.1:{transcript.service.port}",
-        "MERGE_DISK_RESERVE_BYTES": "0",
-        "MERGE_INSTANCE_ID": instance,
-        "MERGE_CRASH_AT": crash_at,
-        "MERGE_WORKER_POLL_SECONDS": "0.1",
-        "MERGE_LEASE_TTL_SECONDS": "2",
-        "MERGE_LEASE_RENEW_SECONDS": "0.5",
-        "MERGE_CONSUME_SESSION_EVENTS": "false",
-    }
-    process, port = await serve_module("continuum_merge", "merge", data_dir, env)
-    channel = open_channel(f"127.0.0.1:{port}")
-    database = Database(merge_database_url(database_url), schema="merge")
-    try:
-        yield MergeClient(transcript, api_grpc.MergeServiceStub(channel), database), process
-    finally:
-        await database.dispose()
-        await channel.close()
-        if process.returncode is None:
-            process.kill()
-        await process.wait()
+@pytest.fixture
+async def transcript(tmp_path: Path, database_url: str) -> AsyncIterator[TranscriptClient]:
+    async with running_transcript(tmp_path, database_url) as client:
+        await two_sources(client)
+        yield client
 
 
-async def merged_sessions(transcript: TranscriptClient) -> list[tpb.Session]:
-    """Every live MERGED session of the owner."""
-    response = await transcript.stub.ListSessions(
-        tapi.ListSessionsRequest(page_size=200), metadata=transcript.as_user(OWNER)
+@pytest.fixture
+async def settings(tmp_path: Path, database_url: str, transcript: TranscriptClient) -> MergeSettings:
+    return process_settings(tmp_path, database_url, transcript)
+
+
+@pytest.fixture
+async def database(settings: MergeSettings) -> AsyncIterator[Database]:
+    opened = Database(settings.resolved_database_url("merge"), schema="merge")
+    yield opened
+    await opened.dispose()
+
+
+async def recovered(
+    transcript: TranscriptClient, settings: MergeSettings, database: Database, merge: MergeProcess, operation_id: str
+) -> tuple[int, Counter[str]]:
+    """Check a completed operation after recovery; its unit count and attempts by outcome."""
+    operation = await merge.completed(operation_id)
+    targets = await merged_sessions(transcript)
+    assert [target.session_id for target in targets] == [operation.progress.target_session_id]
+    assert targets[0].metadata.fields["sessionMergeOperationId"].string_value == operation_id
+    entry = await transcript.stub.ListMessagesAfter(
+        tapi.ListMessagesAfterRequest(session_id=targets[0].session_id), metadata=metadata()
     )
-    return [session for session in response.sessions if session.kind == tpb.SESSION_KIND_MERGED]
-
-
-async def completed(stack: MergeClient, operation_id: str) -> pb.MergeOperation:
-    async def done() -> bool:
-        return (await stack.get(operation_id)).progress.status == pb.MERGE_STATUS_COMPLETED
-
-    await eventually(done, what="the merge completed", seconds=60)
-    return await stack.get(operation_id)
-
-
-async def unit_attempts(database: Database) -> dict[str, list[str]]:
+    assert len(entry.messages) == 1, "the handoff entry message was written more than once"
     async with database.connection() as connection:
-        rows = await connection.execute(
-            text("SELECT unit_id, outcome FROM session_merge_attempts ORDER BY unit_id, start_ms")
+        stored = await store.load(connection, operation_id)
+    assert stored is not None and stored.claim_id is None and stored.active_slot is None
+    package = settings.resolved_package_root() / operation_id
+    assert verify_snapshot(package).snapshot_hash == stored.snapshot_hash
+    assert verify_handoff(package).handoff_hash == stored.handoff_hash
+    assert not (package / "staging").exists()
+    # No claim is left: the sources take a turn's claim and new messages.
+    for source in ("a", "b"):
+        await transcript.stub.AcquireClaims(
+            tapi.AcquireClaimsRequest(
+                session_ids=[source], kind=tpb.CLAIM_KIND_RUN, holder="run-after", ttl=duration_pb2.Duration(seconds=30)
+            ),
+            metadata=metadata(OWNER),
         )
-        found: dict[str, list[str]] = {}
-        for unit_id, outcome in rows:
-            found.setdefault(unit_id, []).append(outcome)
-    return found
+        await append(transcript, source, user(f"{source}: after recovery"))
+    return await attempts(database, operation_id)
 
 
 @pytest.mark.parametrize("failpoint", FAILPOINTS)
-async def test_a_kill_at_any_point_then_a_restart_publishes_exactly_one_target(
-    tmp_path: Path, database_url: str, failpoint: str
+async def test_kill_9_at_a_failpoint_then_restart_completes_once(
+    transcript: TranscriptClient, settings: MergeSettings, database: Database, failpoint: str
 ) -> None:
-    async with running_transcript(tmp_path, database_url) as transcript:
-        async with merge_process(tmp_path, database_url, transcript, "replica-1", crash_at=failpoint) as (
-            first,
-            process,
-        ):
-            for session_id in ("a", "b"):
-                await first.new_session(session_id, texts=3)
-            operation_id = (await first.start(["a", "b"])).operation.progress.operation_id
-            exit_code = await asyncio.wait_for(process.wait(), 60)
-            before = await unit_attempts(first.database)
-        assert exit_code == -9
+    async with merge_process(settings, MERGE_CRASH_AT=failpoint, MERGE_INSTANCE_ID="m1") as doomed:
+        operation_id = await doomed.start(["a", "b"])
+        assert await asyncio.wait_for(doomed.process.wait(), 60) == -signal.SIGKILL
 
-        # The same replica restarts (same instance id): it takes its operation back at once.
-        async with merge_process(tmp_path, database_url, transcript, "replica-1") as (restarted, _):
-            done = await completed(restarted, operation_id)
-            after = await unit_attempts(restarted.database)
-
-        targets = await merged_sessions(transcript)
-        assert [target.session_id for target in targets] == [done.progress.target_session_id]
-        assert len(await all_messages(transcript.stub, transcript.as_user(OWNER), targets[0].session_id)) == 1
-        # A unit committed before the kill was reused, not run again.
-        committed = [unit for unit, outcomes in before.items() if outcomes == ["completed"]]
-        if failpoint == worker.UNIT_AFTER_COMMIT:
-            assert committed
-        for unit in committed:
-            assert after[unit] == ["completed"] or failpoint == worker.UNIT_BEFORE_COMMIT
-        # No claim is left behind: a turn can start in every source.
-        for session_id in ("a", "b"):
-            await transcript.stub.AcquireClaims(
-                tapi.AcquireClaimsRequest(
-                    session_ids=[session_id],
-                    kind=tpb.CLAIM_KIND_RUN,
-                    holder="run",
-                    ttl=duration_pb2.Duration(seconds=30),
-                ),
-                metadata=transcript.as_user(OWNER),
-            )
+    async with merge_process(settings, MERGE_INSTANCE_ID="m1") as restarted:
+        units, outcomes = await recovered(transcript, settings, database, restarted, operation_id)
+    # Every unit's model call ran once; a result computed but not committed is computed once more.
+    again = 1 if failpoint == UNIT_BEFORE_COMMIT else 0
+    assert units > 1 and outcomes == Counter({"completed": units + again})
 
 
-@pytest.mark.postgres
-async def test_another_replica_takes_over_once_the_killed_workers_lease_lapses(
+async def test_a_sealed_package_damaged_while_the_process_was_down_pauses_and_is_never_rebuilt(
+    transcript: TranscriptClient, settings: MergeSettings, database: Database
+) -> None:
+    async with merge_process(settings, MERGE_CRASH_AT=UNIT_AFTER_COMMIT, MERGE_INSTANCE_ID="m1") as doomed:
+        operation_id = await doomed.start(["a", "b"])
+        assert await asyncio.wait_for(doomed.process.wait(), 60) == -signal.SIGKILL
+    raw = next((settings.resolved_package_root() / operation_id / "snapshot" / "raw").iterdir())
+    raw.write_bytes(raw.read_bytes() + b" ")
+
+    async with merge_process(settings, MERGE_INSTANCE_ID="m1") as restarted:
+
+        async def paused() -> bool:
+            return (await restarted.get(operation_id)).progress.status == pb.MERGE_STATUS_PAUSED
+
+        await eventually(paused, what="the merge to pause", seconds=60)
+        progress = (await restarted.get(operation_id)).progress
+    assert progress.error_code == error_code_pb2.PACKAGE_DAMAGED and progress.snapshot_sealed
+    async with database.connection() as connection:
+        stored = await store.load(connection, operation_id)
+    assert stored is not None and stored.snapshot_version == 1 and stored.claim_id is None
+    assert not await merged_sessions(transcript)
+
+
+async def test_two_processes_on_postgres_the_other_finishes_after_the_worker_is_killed(
     tmp_path: Path, postgres_url: str
 ) -> None:
     async with running_transcript(tmp_path, postgres_url) as transcript:
-        async with merge_process(
-            tmp_path, postgres_url, transcript, "replica-1", crash_at=worker.UNIT_AFTER_COMMIT
-        ) as (first, process):
-            for session_id in ("a", "b"):
-                await first.new_session(session_id, texts=3)
-            operation_id = (await first.start(["a", "b"])).operation.progress.operation_id
-            assert await asyncio.wait_for(process.wait(), 60) == -9
+        await two_sources(transcript)
+        settings = process_settings(tmp_path, postgres_url, transcript)
+        database = Database(settings.resolved_database_url("merge"), schema="merge")
+        try:
+            # The first holds its run after its first unit commit, so it is killed mid-extraction.
+            async with merge_process(
+                settings, "replica-1", MERGE_INSTANCE_ID="m1", MERGE_HOLD_AT=UNIT_AFTER_COMMIT
+            ) as first:
+                operation_id = await first.start(["a", "b"])
 
-        async with merge_process(tmp_path, postgres_url, transcript, "replica-2") as (second, _):
-            done = await completed(second, operation_id)
-            async with second.database.connection() as connection:
-                owners = (await connection.execute(text("SELECT lease_owner FROM session_merges"))).scalars().all()
+                async def first_unit_committed() -> bool:
+                    return (await attempts(database, operation_id))[1]["completed"] == 1
 
-        assert owners == [None]
-        assert [target.session_id for target in await merged_sessions(transcript)] == [done.progress.target_session_id]
+                await eventually(first_unit_committed, what="the first unit to commit", seconds=60)
+                async with merge_process(settings, "replica-2", MERGE_INSTANCE_ID="m2") as other:
+                    async with database.connection() as connection:
+                        stored = await store.load(connection, operation_id)
+                    assert stored is not None and stored.lease_owner == "m1"
+                    first.process.send_signal(signal.SIGKILL)
+                    assert await first.process.wait() == -signal.SIGKILL
+                    units, outcomes = await recovered(transcript, settings, database, other, operation_id)
+                    async with database.connection() as connection:
+                        stored = await store.load(connection, operation_id)
+                    assert stored is not None and stored.run_epoch > 1 and stored.lease_owner in (None, "m2")
+            assert units > 1 and outcomes == Counter({"completed": units})
+        finally:
+            await database.dispose()
