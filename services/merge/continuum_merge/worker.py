@@ -299,7 +299,8 @@ class OperationRun:
         operation = await self._current()
         self._owner = operation.owner
         if operation.snapshot_hash is None:
-            await self._snapshot(operation)
+            if not await self._record_unrecorded_seal(operation):
+                await self._snapshot(operation)
         else:
             await self._sealed_again(operation)
         operation = await self._current()
@@ -358,6 +359,24 @@ class OperationRun:
         await self._release_claims()
         self._block_on(sealed)
 
+    async def _record_unrecorded_seal(self, operation: Operation) -> bool:
+        """A seal an earlier run wrote but did not record before it crashed (seed 000 §5.2): it was made
+        from the cut taken under the claims, so it is verified and recorded as it is, never copied again.
+        False when there is no sealed package of the operation's current snapshot version to record."""
+        if operation.snapshot_version == 0:
+            return False
+        try:
+            sealed = await self._pipeline.verify_snapshot(self._package)
+        except StageStop:
+            # Nothing sealed (the crash came before the seal) or nothing usable: copy again.
+            return False
+        if sealed.version != operation.snapshot_version:
+            return False
+        await self._advance(snapshot_hash=sealed.snapshot_hash, stage="extracting")
+        await self._release_claims()
+        self._block_on(sealed)
+        return True
+
     async def _still_held(self, operation: Operation) -> HeldClaim | None:
         """The claim the admission (or an earlier run) recorded, if transcript still holds it: renewing
         it is the proof (a lapsed claim may have let a turn change the sources since the cut)."""
@@ -380,7 +399,7 @@ class OperationRun:
             await self._release_claims()
         sealed = await self._pipeline.verify_snapshot(self._package)
         if sealed.snapshot_hash != operation.snapshot_hash:
-            raise StageStop("PACKAGE_DAMAGED", "the sealed package no longer matches its recorded hash", "failed")
+            raise StageStop("PACKAGE_DAMAGED", "the sealed package no longer matches its recorded hash", "paused")
         self._block_on(sealed)
 
     def _block_on(self, sealed: Sealed) -> None:
@@ -475,7 +494,7 @@ class OperationRun:
         id, then the conditional completed update (against a cancel exactly one of them wins)."""
         handoff_hash = await self._pipeline.verify_handoff(self._package)
         if handoff_hash != operation.handoff_hash:
-            raise StageStop("PACKAGE_DAMAGED", "the handoff no longer matches its recorded hash", "failed")
+            raise StageStop("PACKAGE_DAMAGED", "the handoff no longer matches its recorded hash", "paused")
         if operation.stage != "publishing":
             await self._advance(stage="publishing")
         execution = operation.execution

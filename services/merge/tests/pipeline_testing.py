@@ -68,7 +68,7 @@ class ScriptedPipeline:
         seal = package_dir / "snapshot" / "seal.json"
         found = _hash(seal)
         if found is None:
-            raise StageStop("PACKAGE_DAMAGED", "seal.json is missing", "failed")
+            raise StageStop("PACKAGE_DAMAGED", "seal.json is missing", "paused")
         return Sealed(json.loads(seal.read_text())["version"], found)
 
     async def plan(self, package_dir: Path, model: str) -> list[NewUnit]:
@@ -109,5 +109,5 @@ class ScriptedPipeline:
         self.calls["verify_handoff"] += 1
         found = _hash(package_dir / "handoff" / "ready.json")
         if found is None:
-            raise StageStop("PACKAGE_DAMAGED", "ready.json is missing", "failed")
+            raise StageStop("PACKAGE_DAMAGED", "ready.json is missing", "paused")
         return found

@@ -122,6 +122,10 @@ async def test_kill_9_at_a_failpoint_then_restart_completes_once(
     # Every unit's model call ran once; a result computed but not committed is computed once more.
     again = 1 if failpoint == UNIT_BEFORE_COMMIT else 0
     assert units > 1 and outcomes == Counter({"completed": units + again})
+    # A seal written before the crash is verified and recorded as it is; only an unsealed copy is redone.
+    async with database.connection() as connection:
+        stored = await store.load(connection, operation_id)
+    assert stored is not None and stored.snapshot_version == (2 if failpoint == BEFORE_SEAL else 1)
 
 
 async def test_a_sealed_package_damaged_while_the_process_was_down_pauses_and_is_never_rebuilt(
