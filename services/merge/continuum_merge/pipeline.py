@@ -37,6 +37,16 @@ class UnitDone:
     output_tokens: int | None
 
 
+@dataclass(frozen=True)
+class UnitSplit:
+    """A unit whose request or answer did not fit: the children that replace it, covering its own
+    parts in order. The worker commits the parent as split together with its children."""
+
+    children: tuple[NewUnit, ...]
+    # Why (an error class or a guard), for the log; never content.
+    reason: str
+
+
 class StageStop(Exception):
     """A stage cannot go on: pause (resumable by the user), fail (cancel only) or retry later by itself.
 
@@ -67,8 +77,8 @@ class Pipeline(Protocol):
         """The extraction units of the sealed snapshot (deterministic ids)."""
         ...
 
-    async def run_unit(self, package_dir: Path, unit: Unit, model: str) -> UnitDone:
-        """Run one unit and rename its result into place."""
+    async def run_unit(self, package_dir: Path, unit: Unit, model: str) -> UnitDone | UnitSplit:
+        """Run one unit and rename its result into place, or say which smaller units replace it."""
         ...
 
     async def aggregate(self, package_dir: Path, results: Sequence[Path], model: str) -> str:

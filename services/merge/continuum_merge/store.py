@@ -660,6 +660,54 @@ async def complete_unit(
     return (await connection.execute(statement)).rowcount == 1
 
 
+async def split_unit(
+    connection: AsyncConnection, fence: Fence, unit_id: str, children: Sequence[NewUnit], now_ms: int
+) -> bool:
+    """In the caller's transaction: a unit running in this run → split, its children's ids appended to its
+    stored input, and the children inserted pending. False (commit nothing) when the run was superseded
+    or the unit is no longer this run's. Child ids are deterministic, so a repeated split inserts nothing new.
+    """
+    if not await advance(connection, fence, now_ms):
+        return False
+    table = session_merge_units
+    row = (
+        await connection.execute(
+            select(table.c.input_json).where(table.c.operation_id == fence.operation_id, table.c.unit_id == unit_id)
+        )
+    ).first()
+    if row is None:
+        return False
+    stored = json.loads(row.input_json)
+    stored["children"] = [child.unit_id for child in children]
+    # CAS: only the unit this run is running becomes split; its rowcount decides.
+    statement = (
+        update(table)
+        .where(
+            table.c.operation_id == fence.operation_id,
+            table.c.unit_id == unit_id,
+            table.c.state == "running",
+            table.c.run_epoch == fence.run_epoch,
+        )
+        .values(state="split", input_json=json.dumps(stored, separators=(",", ":")), update_ms=now_ms)
+    )
+    if (await connection.execute(statement)).rowcount != 1:
+        return False
+    for child in children:
+        await connection.execute(
+            insert_ignoring_conflicts(connection, table)
+            .values(
+                operation_id=fence.operation_id,
+                state="pending",
+                attempt_count=0,
+                run_epoch=fence.run_epoch,
+                update_ms=now_ms,
+                **child.__dict__,
+            )
+            .on_conflict_do_nothing(index_elements=["operation_id", "unit_id"])
+        )
+    return True
+
+
 async def finish_attempt(
     connection: AsyncConnection,
     request_id: str,

@@ -29,7 +29,7 @@ from pathlib import Path
 from continuum_merge import store
 from continuum_merge.admission import TreeChanged, claim_sources, cut_json, holder, parse_cut, read_cut
 from continuum_merge.errors import MergeError, SourceBusy, TranscriptUnavailable
-from continuum_merge.pipeline import Pipeline, Sealed, StageStop
+from continuum_merge.pipeline import Pipeline, Sealed, StageStop, UnitSplit
 from continuum_merge.settings import MergeSettings
 from continuum_merge.store import Fence, Operation
 from continuum_merge.transcript_client import HeldClaim, TargetSpec, TranscriptClient
@@ -388,10 +388,11 @@ class OperationRun:
                 async with self._db.transaction() as connection:
                     if not await store.redo_unit(connection, self._fence, unit.unit_id, self._clock.now_ms()):
                         raise Superseded(operation.operation_id)
-            results.append(await self._run_unit(unit, model))
+            results.extend(await self._run_unit(unit, model))
         return results
 
-    async def _run_unit(self, unit: store.Unit, model: str) -> Path:
+    async def _run_unit(self, unit: store.Unit, model: str) -> list[Path]:
+        """Run one pending unit: its result path, or (when it had to be split) its children's, in order."""
         request_id = uuid.uuid4().hex
         async with self._db.transaction() as connection:
             if not await store.start_unit(
@@ -405,6 +406,8 @@ class OperationRun:
             async with self._db.transaction() as connection:
                 await store.finish_attempt(connection, request_id, outcome, None, None, self._clock.now_ms())
             raise
+        if isinstance(done, UnitSplit):
+            return await self._split(unit, request_id, done, model)
         async with self._db.transaction() as connection:
             await store.finish_attempt(
                 connection, request_id, "completed", done.input_tokens, done.output_tokens, self._clock.now_ms()
@@ -417,7 +420,39 @@ class OperationRun:
         if not committed:
             raise Superseded(self._fence.operation_id)
         await self._failpoint(UNIT_AFTER_COMMIT)
-        return self._package / done.relative_path
+        return [self._package / done.relative_path]
+
+    async def _split(self, unit: store.Unit, request_id: str, split: UnitSplit, model: str) -> list[Path]:
+        """Commit `unit` as split with its children (one transaction), then run the children in order."""
+        now = self._clock.now_ms()
+        async with self._db.transaction() as connection:
+            await store.finish_attempt(connection, request_id, "error", None, None, now)
+            if not await store.split_unit(connection, self._fence, unit.unit_id, split.children, now):
+                raise Superseded(self._fence.operation_id)
+        logger.info(
+            "merge unit split",
+            extra={
+                "operation_id": self._fence.operation_id,
+                "unit_id": unit.unit_id,
+                "children": len(split.children),
+                "reason": split.reason,
+            },
+        )
+        results: list[Path] = []
+        for child in split.children:
+            row = store.Unit(
+                operation_id=unit.operation_id,
+                state="pending",
+                attempt_count=0,
+                run_epoch=self._fence.run_epoch,
+                result_path=None,
+                result_hash=None,
+                error_code=None,
+                update_ms=now,
+                **child.__dict__,
+            )
+            results.extend(await self._run_unit(row, model))
+        return results
 
     async def _publish(self, operation: Operation) -> None:
         """The publish saga: verify, stage publishing, create the target idempotently under its reserved

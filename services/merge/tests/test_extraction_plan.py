@@ -130,19 +130,19 @@ def test_a_split_unit_is_covered_by_two_deterministic_halves_down_to_single_part
     units = plan_units(package, processor_version="p1", budget=SMALL)
     parent = next(unit for unit in units if unit.context_count and unit.part_count >= 2)
     _, own = scan_unit(package, parent)
-    halves = split_unit(package, parent)
+    halves = split_unit(package, parent, floor_tokens=0)
     assert halves is not None
     first, second = halves
     assert (first.unit_id, second.unit_id) == (f"{parent.unit_id}.0", f"{parent.unit_id}.1")
     assert first.ordinal == second.ordinal == parent.ordinal
     assert first.context_count == second.context_count == 0
     assert [*scan_unit(package, first)[1], *scan_unit(package, second)[1]] == own
-    assert split_unit(package, parent) == halves
+    assert split_unit(package, parent, floor_tokens=0) == halves
     leaves = [first, second]
     while any(unit.part_count > 1 for unit in leaves):
-        leaves = [child for unit in leaves for child in (split_unit(package, unit) or (unit,))]
+        leaves = [child for unit in leaves for child in (split_unit(package, unit, floor_tokens=0) or (unit,))]
     assert [scan_unit(package, unit)[1][0] for unit in leaves] == own
-    assert split_unit(package, leaves[0]) is None
+    assert split_unit(package, leaves[0], floor_tokens=0) is None
     assert sorted(unit.unit_id for unit in leaves) == [unit.unit_id for unit in leaves]
 
 

@@ -244,8 +244,9 @@ def test_snapshot_failures_map_to_a_code_and_an_outcome(error: Exception, code: 
 @pytest.mark.parametrize(
     ("error", "code", "outcome"),
     [
-        (ProviderUnavailable("down"), "PROVIDER_UNAVAILABLE", "retry"),
-        (ProviderRateLimited("429"), "PROVIDER_UNAVAILABLE", "retry"),
+        # The attempts and backoff were spent on the call already: paused, resumable (issue 10).
+        (ProviderUnavailable("down"), "PROVIDER_UNAVAILABLE", "paused"),
+        (ProviderRateLimited("429"), "PROVIDER_UNAVAILABLE", "paused"),
         (ProviderAuthFailed("401"), "PROVIDER_UNAVAILABLE", "paused"),
         (ProviderInputTooLarge("413"), "PROVIDER_UNAVAILABLE", "paused"),
         (UnitTooLarge("big", unit_id="u"), "PROVIDER_UNAVAILABLE", "paused"),

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from continuum_merge.extraction.budget import CallPolicy
 from continuum_merge.extraction.errors import HandoffDamaged, PackageUnreadable
 from continuum_merge.extraction.package import (
     HANDOFF_DIR,
@@ -87,6 +88,7 @@ async def aggregate(
     model: str,
     budget: UnitBudget | None = None,
     brief_tokens: int = BRIEF_TOKENS,
+    policy: CallPolicy | None = None,
     on_call: CallHook | None = None,
 ) -> HandoffReady:
     """Build ``handoff/`` from `unit_results` (the units' ``work/`` files, in plan order).
@@ -94,7 +96,8 @@ async def aggregate(
     Each result is checked (kind, snapshot, schema) before it is copied. Condensing requests get one
     repair each; a second invalid answer raises AnswerInvalid. Provider failures propagate. File work
     runs in threads; `verify_handoff` does not (call it in one). `on_call` hears of every condensing
-    call with its usage (packs answered by an earlier run are reused without a call).
+    call with its usage (packs answered by an earlier run are reused without a call). Calls are made
+    under `policy` (per-call timeout, attempts and backoff).
     """
     budget = budget or UnitBudget()
     snapshot_hash, processor_version, counts = await asyncio.to_thread(_prepare, package_dir, unit_results)
@@ -109,7 +112,7 @@ async def aggregate(
         tokens, dropped = await _condense(
             _layer_entries(staging, layer),
             target,
-            _Asker(provider, budget, package_dir, on_call),
+            _Asker(provider, budget, package_dir, policy or CallPolicy(), on_call),
             f"{snapshot_hash}:L{layer_count + 1}",
         )
         if tokens >= layer_tokens:
@@ -330,6 +333,7 @@ class _Asker:
     provider: ModelProvider
     budget: UnitBudget
     package_dir: Path
+    policy: CallPolicy
     on_call: CallHook | None
 
 
@@ -386,6 +390,7 @@ async def _condense_pack(pack: list[dict[str, Any]], asker: _Asker, key: str) ->
         aliases,
         budget=asker.budget,
         subject=key,
+        policy=asker.policy,
         on_call=asker.on_call,
     )
     cited: set[str] = set()

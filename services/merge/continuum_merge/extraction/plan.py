@@ -40,8 +40,11 @@ class UnitBudget:
 
     # The request as a whole: material, instructions, wrapping, the answer and a safety margin.
     request_tokens: int = 16_384
-    # Reserved for the visible answer (also its max_output_tokens).
+    # The visible answer's target (a complete answer over it is still kept).
     output_tokens: int = 2_048
+    # Reasoning reserved beside the visible answer (0 for a model that does not think); the request's
+    # max_tokens is both together. Bounded by the window, not by the request target.
+    thinking_tokens: int = 0
     # max(1024, 5% of the window) by default.
     safety_tokens: int = 1_024
     # The fixed instructions and the request's JSON frame.
@@ -55,6 +58,8 @@ class UnitBudget:
     # Byte guards (bytes, not tokens): a request or a visible answer over them is split, never sent or used.
     request_bytes: int = 1024 * 1024
     response_bytes: int = 256 * 1024
+    # A unit whose own material is at most this many estimated tokens is not split again.
+    floor_tokens: int = MIN_MATERIAL_TOKENS
 
     def __post_init__(self) -> None:
         if self.material_tokens < MIN_MATERIAL_TOKENS:
@@ -63,6 +68,15 @@ class UnitBudget:
             raise ValueError("max_parts must be positive and overheads non-negative")
         if self.request_bytes < 1 or self.response_bytes < 1:
             raise ValueError("the byte guards must be positive")
+        if self.thinking_tokens < 0 or self.output_tokens < 1 or self.floor_tokens < MIN_MATERIAL_TOKENS:
+            raise ValueError(
+                f"output must be positive, thinking non-negative, the floor at least {MIN_MATERIAL_TOKENS}"
+            )
+
+    @property
+    def generation_tokens(self) -> int:
+        """What a request lets the model generate (its max_tokens): the visible target and the thinking reserve."""
+        return self.output_tokens + self.thinking_tokens
 
     @property
     def material_tokens(self) -> int:
@@ -206,15 +220,18 @@ def scan_unit(package_dir: Path, spec: UnitSpec) -> tuple[list[PartSpec], list[P
     return parts[: spec.context_count], parts[spec.context_count :]
 
 
-def split_unit(package_dir: Path, spec: UnitSpec) -> tuple[UnitSpec, UnitSpec] | None:
+def split_unit(
+    package_dir: Path, spec: UnitSpec, *, floor_tokens: int = MIN_MATERIAL_TOKENS
+) -> tuple[UnitSpec, UnitSpec] | None:
     """Two children that cover `spec`'s own parts, first half and second half, without context;
-    None when the unit has a single part (there is nothing left to split: the caller pauses).
+    None when the unit has a single part or its own parts are at most `floor_tokens` estimated tokens
+    (the shrink floor: there is nothing left to split, the caller pauses).
 
     For a unit whose request or answer did not fit. The children's ids extend the parent's (``.0``,
     ``.1``), so they are as deterministic as the plan and sort in order under the parent's ordinal.
     """
     own = _scan(package_dir, spec)[spec.context_count :]
-    if len(own) < 2:
+    if len(own) < 2 or sum(estimate_tokens_of_bytes(located.part.size) for located in own) <= floor_tokens:
         return None
     half = len(own) // 2
     first, second = (

@@ -11,11 +11,12 @@ import asyncio
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from continuum_merge.extraction.budget import CallPolicy
 from continuum_merge.extraction.errors import AnswerInvalid, PackageUnreadable, UnitTooLarge
 from continuum_merge.extraction.package import WORK_DIR, file_sha256, read_text_part, write_atomic
 from continuum_merge.extraction.plan import PartSpec, UnitBudget, UnitSpec, scan_unit
@@ -25,7 +26,11 @@ from continuum_runtime.provider import (
     ChatMessage,
     Completion,
     ModelProvider,
+    ProviderBadResponse,
+    ProviderError,
     ProviderOutputTruncated,
+    ProviderRateLimited,
+    ProviderUnavailable,
     Usage,
     estimate_message_tokens,
 )
@@ -36,6 +41,7 @@ __all__ = [
     "CallRecord",
     "UnitOutcome",
     "ask_items",
+    "complete_patiently",
     "item_id",
     "run_unit",
     "sum_usage",
@@ -84,6 +90,7 @@ async def run_unit(
     *,
     model: str,
     budget: UnitBudget | None = None,
+    policy: CallPolicy | None = None,
     on_call: CallHook | None = None,
 ) -> UnitOutcome:
     """Extract `spec`'s parts with `provider` and write ``work/<unit id>.json`` (file work in a thread).
@@ -94,6 +101,7 @@ async def run_unit(
     the unit must be split (`split_unit`); other `ProviderError`s propagate as they are; a damaged
     snapshot raises PackageUnreadable. Nothing is written unless the answer is accepted. `on_call`
     hears of every answered call, also those of a unit that then fails (their usage still counts).
+    Each call is made under `policy` (`complete_patiently`).
     """
     budget = budget or UnitBudget()
     context, own = await asyncio.to_thread(scan_unit, package_dir, spec)
@@ -104,6 +112,7 @@ async def run_unit(
         by_alias,
         budget=budget,
         subject=spec.unit_id,
+        policy=policy,
         on_call=on_call,
     )
     return await asyncio.to_thread(_write, spec, package_dir, model, completion, items, by_alias, calls)
@@ -116,6 +125,7 @@ async def ask_items(
     *,
     budget: UnitBudget,
     subject: str,
+    policy: CallPolicy | None = None,
     on_call: CallHook | None = None,
 ) -> tuple[list[AnswerItem], Completion, tuple[CallRecord, ...]]:
     """Send `request(None)`; when the answer fails the checks, send `request(problem)` once more.
@@ -124,8 +134,9 @@ async def ask_items(
     (naming `subject`, a unit or condensing pack) when the repaired answer fails too, and UnitTooLarge
     when a request or an answer is over the budget's byte guards. `on_call(subject, call)` hears of
     each answered call as it ends, accepted, rejected or cut off (for per-call accounting). Logs ids, figures and
-    reasons only: never the request or the answer.
+    reasons only: never the request or the answer. Each call is made under `policy` (`complete_patiently`).
     """
+    policy = policy or CallPolicy()
     calls: list[CallRecord] = []
     rejected: str | None = None
     for attempt in (1, 2):
@@ -137,7 +148,9 @@ async def ask_items(
                 unit_id=subject,
             )
         try:
-            completion = await provider.complete(messages, max_output_tokens=budget.output_tokens)
+            completion = await complete_patiently(
+                provider, messages, max_output_tokens=budget.generation_tokens, policy=policy, subject=subject
+            )
         except ProviderOutputTruncated as truncated:
             # A cut-off answer is never used, but it was paid for.
             if on_call is not None:
@@ -152,7 +165,9 @@ async def ask_items(
             "model": completion.model,
             "request_bytes": request_bytes,
             "estimated_input_tokens": sum(estimate_message_tokens(m.role, m.content) for m in messages),
-            "max_output_tokens": budget.output_tokens,
+            "material_tokens": budget.material_tokens,
+            "visible_target_tokens": budget.output_tokens,
+            "max_output_tokens": budget.generation_tokens,
             "finish_reason": completion.finish_reason,
             "usage_reported": completion.usage.reported,
         }
@@ -172,6 +187,66 @@ async def ask_items(
         logger.info("structured answer accepted", extra=figures | {"items": len(items)})
         return items, completion, tuple(calls)
     raise AnswerInvalid(f"{subject}: answer still invalid after one repair: {rejected}", unit_id=subject)
+
+
+# Failures another attempt of the same request may cure: 429, 5xx, network, timeout, a garbled answer.
+_TRANSIENT = (ProviderRateLimited, ProviderUnavailable, ProviderBadResponse)
+
+
+async def complete_patiently(
+    provider: ModelProvider,
+    messages: Sequence[ChatMessage],
+    *,
+    max_output_tokens: int,
+    policy: CallPolicy,
+    subject: str,
+) -> Completion:
+    """`provider.complete` with the per-call timeout and up to `policy.attempts` attempts.
+
+    A rate limit, an unavailable provider (5xx, network), a call over its timeout or an answer that is
+    not a chat completion is tried again after the backoff (or the server's Retry-After) on the
+    policy's clock; the last attempt's error propagates (a timeout as `ProviderUnavailable`). Every
+    other `ProviderError` (credentials, a refused model, a prompt too large, a truncated answer)
+    propagates at once: another attempt of the same request cannot cure it.
+    """
+    for attempt in range(1, policy.attempts + 1):
+        try:
+            return await _within_timeout(provider.complete(messages, max_output_tokens=max_output_tokens), policy)
+        except ProviderError as error:
+            if not isinstance(error, _TRANSIENT) or attempt == policy.attempts:
+                raise
+            delay = policy.delay(attempt, getattr(error, "retry_after", None))
+            logger.warning(
+                "model call failed, trying again",
+                extra={
+                    "subject": subject,
+                    "attempt": attempt,
+                    "model": provider.model,
+                    "error": type(error).__name__,
+                    "status": error.status,
+                    "request_id": error.request_id,
+                    "delay_seconds": delay,
+                },
+            )
+            await policy.clock.sleep(delay)
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+async def _within_timeout(call: Awaitable[Completion], policy: CallPolicy) -> Completion:
+    """`call`'s completion, or ProviderUnavailable once `policy.timeout_seconds` pass on its clock (the call
+    is cancelled, its connection closed)."""
+    task = asyncio.ensure_future(call)
+    timer = asyncio.ensure_future(policy.clock.sleep(policy.timeout_seconds))
+    try:
+        await asyncio.wait((task, timer), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        timer.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        raise ProviderUnavailable(f"model call timed out after {policy.timeout_seconds:g} s")
+    return task.result()
 
 
 def verify_unit_result(package_dir: Path, relative_path: str, sha256: str) -> Path:
