@@ -245,3 +245,55 @@ async def test_a_failure_at_unit_n_keeps_units_1_to_n_minus_1(stack: MergeStack,
     assert operation.progress.status == pb.MERGE_STATUS_COMPLETED, operation
     # Unit 1 was not asked again.
     assert len(model.requests) == 2 + planned - 1
+
+
+def recorded_failure_answer() -> str:
+    """SYNTHETIC rebuild of the recorded failure (seed 000 §2.1), not the real answer (it no longer exists):
+    a complete, valid Chinese answer of exactly 4,183 bytes, which the old rules refused against a 3,500
+    limit because the provider reported 13,370 output tokens (reasoning included)."""
+    item = {"section": "changes", "status": "completed", "evidence": ["i1"]}
+    content = "来源 A 已将用户接口返回字段 name 改名为 displayName; 并记录了验证命令与结果。" * 20
+    text = json.dumps({"schemaVersion": 2, "items": [item | {"content": content}]}, ensure_ascii=False)
+    padded = content + "." * (4_183 - len(text.encode()))
+    text = json.dumps({"schemaVersion": 2, "items": [item | {"content": padded}]}, ensure_ascii=False)
+    assert len(text.encode()) == 4_183
+    return text
+
+
+@pytest.fixture
+async def small_requests(tmp_path: Path, database_url: str, model: FakeModelServer) -> AsyncIterator[MergeStack]:
+    """A stack whose requests carry about 1,000 estimated tokens of material, so a short history needs
+    more than 16 units (the old implementation's fixed total of 16 calls)."""
+    overrides: dict[str, object] = {
+        "worker_poll_seconds": 0.1,
+        "provider": ProviderSettings(kind="openai", base_url=model.url, model=MODEL),
+        # A brief target the details fit in: no condensing requests (this scripted server answers units only).
+        "extraction": ExtractionSettings(request_tokens=5_000, context_window_tokens=16_384, brief_tokens=1_000_000),
+    }
+    async with running_merge(tmp_path, database_url, overrides=overrides) as started:
+        yield started
+
+
+@pytest.mark.parametrize("usage", [{"prompt_tokens": 3_000, "completion_tokens": 13_370}, None], ids=["usage", "none"])
+async def test_the_recorded_failure_synthetic_completes_and_publishes_with_more_than_16_units(
+    small_requests: MergeStack, model: FakeModelServer, usage: dict[str, int] | None
+) -> None:
+    stack = small_requests
+    operation_id = await one_source(stack, parts=100)
+    # Every request gets the long valid answer; the unscripted rest of the run would get 418s.
+    model.script(*(completion(recorded_failure_answer(), usage=usage) for _ in range(200)))
+    operation = await settled(stack, operation_id)
+    assert operation.progress.status == pb.MERGE_STATUS_COMPLETED, operation
+    assert operation.progress.target_available
+    rows = await units(stack, operation_id)
+    assert len(rows) > 16 and {row["state"] for row in rows.values()} == {"completed"}
+    async with stack.database.connection() as connection:
+        tries = (
+            await connection.execute(
+                select(session_merge_attempts.c.output_tokens).where(
+                    session_merge_attempts.c.operation_id == operation_id
+                )
+            )
+        ).all()
+    # Usage is recorded as reported (13,370 each, reasoning included) or stays unknown; never a reason to refuse.
+    assert {row.output_tokens for row in tries} == ({13_370} if usage else {None})
