@@ -4,6 +4,7 @@ loopback. What is asserted is what the operation and its unit rows show, and wha
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -297,3 +298,48 @@ async def test_the_recorded_failure_synthetic_completes_and_publishes_with_more_
         ).all()
     # Usage is recorded as reported (13,370 each, reasoning included) or stays unknown; never a reason to refuse.
     assert {row.output_tokens for row in tries} == ({13_370} if usage else {None})
+
+
+async def test_a_single_part_too_large_is_bisected_into_slices_down_to_the_floor(
+    stack: MergeStack, model: FakeModelServer
+) -> None:
+    await stack.new_session("b", texts=0)
+    await stack.new_session("a", texts=0)
+    long_text = "一二三四五 displayName " * 120  # one part of about 2,900 bytes: about 720 estimated tokens
+    await append(stack.transcript, "a", user(long_text))
+    operation_id = (await stack.start(["a", "b"], title="Merged")).operation.progress.operation_id
+    too_large = json_reply({"error": {"message": "too large"}}, status=413)
+    model.script(too_large, answer("i1"), too_large, answer("i1"), answer("i1"))
+    operation = await settled(stack, operation_id)
+    assert operation.progress.status == pb.MERGE_STATUS_COMPLETED, operation
+    rows = await units(stack, operation_id)
+    leaves = sorted(row["unit_id"] for row in rows.values() if row["state"] == "completed")
+    assert len(leaves) == 3 and len([row for row in rows.values() if row["state"] == "split"]) == 2
+    slices = [json.loads(rows[leaf]["input_json"])["slice"] for leaf in leaves]
+    package = stack.settings.resolved_package_root() / operation_id
+    evidence = [
+        json.loads((package / rows[leaf]["result_path"]).read_bytes())["items"][0]["evidence"][0] for leaf in leaves
+    ]
+    sealed = (package / "snapshot" / "text" / f"{evidence[0]['recordRef']}-0.txt").read_text(encoding="utf-8")
+    assert long_text in sealed
+    # The slices are contiguous and cover the whole part (code points); each request carried only its slice.
+    assert slices[0][0] == 0 and slices[-1][1] == len(sealed)
+    assert all(left[1] == right[0] for left, right in itertools.pairwise(slices))
+    sent = [json.loads(request.json()["messages"][1]["content"])["inputs"][0]["text"] for request in model.requests]
+    # Requests: whole (refused), first half, second half (refused), its two quarters.
+    assert sent[1] + sent[3] + sent[4] == sealed and sent[2] == sent[3] + sent[4]
+    # Evidence ranges are UTF-16 ranges of the sealed part, matching each slice (BMP text: one unit each).
+    assert [entry["utf16"] for entry in evidence] == slices
+
+
+async def test_a_slice_at_the_floor_pauses(stack: MergeStack, model: FakeModelServer) -> None:
+    await stack.new_session("b", texts=0)
+    await stack.new_session("a", texts=0)
+    await append(stack.transcript, "a", user("x" * 1_600))  # 400 estimated tokens: one split, then the floor
+    operation_id = (await stack.start(["a", "b"], title="Merged")).operation.progress.operation_id
+    too_large = json_reply({"error": {"message": "too large"}}, status=413)
+    model.script(too_large, too_large)
+    paused = await settled(stack, operation_id)
+    assert paused.progress.status == pb.MERGE_STATUS_PAUSED
+    assert "shrink floor" in paused.progress.error
+    assert len(model.requests) == 2

@@ -142,8 +142,16 @@ def test_a_split_unit_is_covered_by_two_deterministic_halves_down_to_single_part
     while any(unit.part_count > 1 for unit in leaves):
         leaves = [child for unit in leaves for child in (split_unit(package, unit, floor_tokens=0) or (unit,))]
     assert [scan_unit(package, unit)[1][0] for unit in leaves] == own
-    assert split_unit(package, leaves[0], floor_tokens=0) is None
+    # A single part at the shrink floor is not split again.
+    assert split_unit(package, leaves[0]) is None
     assert sorted(unit.unit_id for unit in leaves) == [unit.unit_id for unit in leaves]
+    # Above the floor, a single part is bisected into contiguous slices of its text, down to the floor.
+    slices = split_unit(package, leaves[0], floor_tokens=0)
+    assert slices is not None
+    (start, middle), (middle_again, end) = [child.slice or (-1, -1) for child in slices]
+    assert start == 0 and middle == middle_again and 0 < middle < end
+    assert all(child.part_count == 1 and child.context_count == 0 for child in slices)
+    assert UnitSpec.from_stored(slices[1].unit_id, slices[1].ordinal, slices[1].input_json()) == slices[1]
 
 
 def test_budgets_that_leave_no_room_for_material_are_refused() -> None:

@@ -18,12 +18,12 @@ import hashlib
 import json
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from continuum_merge.extraction.errors import PackageUnreadable
-from continuum_merge.extraction.package import RecordRow, iter_files, iter_records, snapshot_identity
-from continuum_runtime.provider.tokens import estimate_tokens_of_bytes
+from continuum_merge.extraction.package import RecordRow, iter_files, iter_records, read_text_part, snapshot_identity
+from continuum_runtime.provider.tokens import estimate_tokens, estimate_tokens_of_bytes
 
 __all__ = ["EXTRACT_POLICY", "PartSpec", "UnitBudget", "UnitSpec", "plan_units", "scan_unit", "split_unit"]
 
@@ -120,13 +120,17 @@ class UnitSpec:
     part_count: int
     first_ref: str
     last_ref: str
+    # A split of a single part: the code points [start, end) of its text this unit reads; None: all of it.
+    slice: tuple[int, int] | None = None
 
     def input_json(self) -> str:
         """The bounded description stored with the unit row (no text, no part list): with the unit id
         and ordinal, everything `from_stored` needs to rebuild this spec.
         """
+        stored: dict[str, object] = {"slice": list(self.slice)} if self.slice is not None else {}
         return json.dumps(
-            {
+            stored
+            | {
                 "stage": self.stage,
                 "snapshotHash": self.snapshot_hash,
                 "processorVersion": self.processor_version,
@@ -159,6 +163,7 @@ class UnitSpec:
                 part_count=stored["parts"],
                 first_ref=stored["firstRef"],
                 last_ref=stored["lastRef"],
+                slice=_stored_slice(stored.get("slice")),
             )
         except (ValueError, TypeError, KeyError) as exc:
             raise ValueError(f"unit {unit_id} has a malformed stored input") from exc
@@ -167,6 +172,20 @@ class UnitSpec:
         if not all(isinstance(n, int) and n >= 0 for n in numbers) or not all(isinstance(t, str) for t in texts):
             raise ValueError(f"unit {unit_id} has a malformed stored input")
         return spec
+
+
+def _stored_slice(value: object) -> tuple[int, int] | None:
+    """A stored slice [start, end) of code points, None when absent; ValueError when malformed."""
+    if value is None:
+        return None
+    if (
+        not isinstance(value, list)
+        or len(value) != 2
+        or not all(isinstance(bound, int) and not isinstance(bound, bool) for bound in value)
+        or not 0 <= value[0] < value[1]
+    ):
+        raise ValueError("malformed slice")
+    return value[0], value[1]
 
 
 @dataclass(frozen=True)
@@ -231,12 +250,35 @@ def split_unit(
     ``.1``), so they are as deterministic as the plan and sort in order under the parent's ordinal.
     """
     own = _scan(package_dir, spec)[spec.context_count :]
-    if len(own) < 2 or sum(estimate_tokens_of_bytes(located.part.size) for located in own) <= floor_tokens:
+    if len(own) == 1:
+        return _split_part(package_dir, spec, own[0], floor_tokens)
+    if sum(estimate_tokens_of_bytes(located.part.size) for located in own) <= floor_tokens:
         return None
     half = len(own) // 2
     first, second = (
         _unit(spec.ordinal, spec.snapshot_hash, spec.processor_version, [], parts, unit_id=f"{spec.unit_id}.{index}")
         for index, parts in enumerate((own[:half], own[half:]))
+    )
+    return first, second
+
+
+def _split_part(
+    package_dir: Path, spec: UnitSpec, located: _Located, floor_tokens: int
+) -> tuple[UnitSpec, UnitSpec] | None:
+    """A unit of one part (or one slice of it) cut into two slices, without context, at the middle code
+    point; None when the slice is at most `floor_tokens` estimated tokens."""
+    part = located.part
+    text = read_text_part(package_dir, part.path, size=part.size, sha256=part.sha256)
+    start, end = spec.slice or (0, len(text))
+    if end - start < 2 or estimate_tokens(text[start:end]) <= floor_tokens:
+        return None
+    middle = (start + end) // 2
+    first, second = (
+        replace(
+            _unit(spec.ordinal, spec.snapshot_hash, spec.processor_version, [], [located], unit_id=unit_id),
+            slice=bounds,
+        )
+        for unit_id, bounds in ((f"{spec.unit_id}.0", (start, middle)), (f"{spec.unit_id}.1", (middle, end)))
     )
     return first, second
 

@@ -105,7 +105,7 @@ async def run_unit(
     """
     budget = budget or UnitBudget()
     context, own = await asyncio.to_thread(scan_unit, package_dir, spec)
-    inputs, by_alias = await asyncio.to_thread(_inputs, package_dir, context, own)
+    inputs, by_alias = await asyncio.to_thread(_inputs, package_dir, context, own, spec.slice)
     items, completion, calls = await ask_items(
         provider,
         lambda rejected: extract_request(inputs, rejected=rejected),
@@ -285,14 +285,21 @@ def sum_usage(calls: Sequence[CallRecord]) -> Usage | None:
 
 
 def _inputs(
-    package_dir: Path, context: list[PartSpec], own: list[PartSpec]
+    package_dir: Path, context: list[PartSpec], own: list[PartSpec], bounds: tuple[int, int] | None
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-    """The request's inputs (text read and verified) and each alias's evidence entry."""
+    """The request's inputs (text read and verified; only the slice `bounds` of a split single part) and
+    each alias's evidence entry, with the UTF-16 range it covers."""
     inputs: list[dict[str, Any]] = []
     by_alias: dict[str, dict[str, Any]] = {}
     for number, part in enumerate([*context, *own], start=1):
         alias = f"i{number}"
-        text = read_text_part(package_dir, part.path, size=part.size, sha256=part.sha256)
+        whole = read_text_part(package_dir, part.path, size=part.size, sha256=part.sha256)
+        start, end = bounds if bounds is not None else (0, len(whole))
+        if end > len(whole):
+            raise PackageUnreadable(f"a slice of {part.ref} ends past its text")
+        text = whole[start:end]
+        # In UTF-16 code units (what editors and browsers index by).
+        first = len(whole[:start].encode("utf-16-le")) // 2
         entry: dict[str, Any] = {"alias": alias, "role": part.role, "source": part.session_id, "text": text}
         if number <= len(context):
             entry["context"] = True
@@ -302,8 +309,7 @@ def _inputs(
             "recordRef": part.record_ref,
             "part": part.part,
             "sessionId": part.session_id,
-            # The whole part, in UTF-16 code units (what editors and browsers index by).
-            "utf16": [0, len(text.encode("utf-16-le")) // 2],
+            "utf16": [first, first + len(text.encode("utf-16-le")) // 2],
         }
     return inputs, by_alias
 
