@@ -46,6 +46,7 @@ def _tables(path: Path) -> set[str]:
     [
         ("transcript", {"alembic_version", "sessions", "messages"}),
         ("compaction", {"alembic_version", "session_compactions", "compaction_events", "compaction_signals"}),
+        ("merge", {"alembic_version", "session_merges", "session_merge_units", "session_merge_attempts"}),
     ],
 )
 def test_migrate_creates_the_schema_and_can_run_again(service: str, tables: set[str], tmp_path: Path) -> None:

@@ -17,6 +17,8 @@ import pytest
 from deadline_testing import wait_for
 from process_testing import alive, children_of, runs
 
+from continuum.merge.v1 import merge_service_pb2 as merge_api
+from continuum.merge.v1 import merge_service_pb2_grpc as merge_grpc
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
 from continuum_runtime.auth import call_metadata
@@ -24,7 +26,7 @@ from continuum_runtime.auth import call_metadata
 pytestmark = pytest.mark.e2e
 
 CONTINUUM = Path(sys.executable).parent / "continuum"
-COMPONENTS = ("transcript", "compaction", "gateway")
+COMPONENTS = ("transcript", "compaction", "merge", "gateway")
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
 COMMAND_TIMEOUT = 60.0
@@ -175,7 +177,16 @@ def test_up_serves_sessions_messages_and_compaction_and_stops_on_ctrl_c(run: Run
         # The gateway reaches compaction, which reaches transcript for the session's owner.
         summary = client.get(f"/v1/sessions/{session_id}/compaction")
         compacted = client.post(f"/v1/sessions/{session_id}/compaction:compactNow")
+        merge_capable = "merge-v2" in client.get("/v1/capabilities").json()["capabilities"]
+        # Merge answers on its own port, for the service credential and an acting user.
+        token = (run.data_dir / "service-token").read_text().strip()
+        with grpc.insecure_channel(f"127.0.0.1:{run.port('merge')}", options=[("grpc.enable_http_proxy", 0)]) as ch:
+            active = merge_grpc.MergeServiceStub(ch).GetActiveMerge(
+                merge_api.GetActiveMergeRequest(), metadata=call_metadata(token, "dev")
+            )
 
+    assert merge_capable
+    assert not active.HasField("operation")
     assert (summary.status_code, summary.json()) == (httpx.codes.OK, {"data": None}), summary.text
     assert compacted.status_code == httpx.codes.OK, compacted.text
     assert compacted.json()["state"] == "COMPACT_NOW_STATE_COMPLETED"
@@ -217,7 +228,7 @@ def test_everything_up_and_its_services_keep_in_the_data_dir_is_private(run: Run
     }
 
     # What the supervisor writes, and what each service writes itself (databases, attachments, port files).
-    expected = {"dev-token", "service-token", "page-token-secret", "transcript.db", "compaction.db"}
+    expected = {"dev-token", "service-token", "page-token-secret", "transcript.db", "compaction.db", "merge.db"}
     expected |= {"attachments", "logs/transcript.log", "run/transcript.port", "run/gateway.port"}
     assert expected <= set(modes), sorted(modes)
     assert [path for path in modes if path.startswith("attachments/") and modes[path] == 0o600]

@@ -23,6 +23,7 @@ from continuum_cli.supervisor import component_env, describe_exit
 from continuum_cli.tokens import load_or_create_dev_token, load_or_create_page_token_secret, write_service_token
 from continuum_compaction.settings import CompactionSettings
 from continuum_gateway.settings import GatewaySettings
+from continuum_merge.settings import MergeSettings
 from continuum_transcript.settings import TranscriptSettings
 
 HERE = Path(__file__).parent
@@ -36,6 +37,7 @@ def test_up_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     assert args.port_gateway == 8080
     assert args.port_transcript == 50151
     assert args.port_compaction == 50152
+    assert args.port_merge == 50153
 
 
 def test_up_options() -> None:
@@ -67,7 +69,9 @@ def test_bad_port_is_a_usage_error(port: str, capsys: pytest.CaptureFixture[str]
     assert "--gateway-port" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("command", "valid"), [("migrate", "'compaction', 'transcript'"), ("cleanup", "'compaction'")])
+@pytest.mark.parametrize(
+    ("command", "valid"), [("migrate", "'compaction', 'merge', 'transcript'"), ("cleanup", "'compaction', 'merge'")]
+)
 def test_an_unknown_service_is_a_usage_error_naming_the_valid_ones(
     command: str, valid: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -79,9 +83,9 @@ def test_an_unknown_service_is_a_usage_error_naming_the_valid_ones(
     assert f"invalid choice: 'gateway' (choose from {valid})" in err
 
 
-def test_the_table_starts_transcript_then_compaction_then_the_gateway_that_needs_both() -> None:
+def test_the_table_starts_transcript_compaction_and_merge_then_the_gateway_that_needs_them() -> None:
     check_order(COMPONENTS)
-    transcript, compaction, gateway = COMPONENTS
+    transcript, compaction, merge, gateway = COMPONENTS
 
     assert (transcript.name, transcript.argv, transcript.env_prefix) == (
         "transcript",
@@ -100,18 +104,25 @@ def test_the_table_starts_transcript_then_compaction_then_the_gateway_that_needs
         50152,
     )
     assert (gateway.name, gateway.argv, gateway.env_prefix) == ("gateway", ("continuum_gateway",), "GATEWAY_")
-    assert gateway.depends_on == ("transcript", "compaction")
+    assert (merge.name, merge.argv, merge.env_prefix) == ("merge", ("continuum_merge", "serve"), "MERGE_")
+    assert (merge.protocol, merge.depends_on, merge.default_port) == (Protocol.GRPC, ("transcript",), 50153)
+    assert gateway.depends_on == ("transcript", "compaction", "merge")
     assert gateway.protocol is Protocol.HTTP
     assert gateway.dev_token
     assert not transcript.dev_token
     assert not compaction.dev_token
-    assert set(migratable()) == {"transcript", "compaction"}
-    assert set(cleanable()) == {"compaction"}
+    assert set(migratable()) == {"transcript", "compaction", "merge"}
+    assert set(cleanable()) == {"compaction", "merge"}
 
 
 @pytest.mark.parametrize(
     ("component", "settings"),
-    [(COMPONENTS[0], TranscriptSettings), (COMPONENTS[1], CompactionSettings), (COMPONENTS[2], GatewaySettings)],
+    [
+        (COMPONENTS[0], TranscriptSettings),
+        (COMPONENTS[1], CompactionSettings),
+        (COMPONENTS[2], MergeSettings),
+        (COMPONENTS[3], GatewaySettings),
+    ],
 )
 def test_every_variable_up_sets_is_a_setting_of_the_component(
     component: Component, settings: type[BaseSettings], tmp_path: Path
@@ -144,8 +155,8 @@ def test_the_table_rejects_bad_orders(table: tuple[Component, ...], message: str
         check_order(table)
 
 
-def test_the_gateway_env_names_both_upstream_addresses_and_the_dev_token(tmp_path: Path) -> None:
-    gateway = COMPONENTS[2]
+def test_the_gateway_env_names_every_upstream_address_and_the_dev_token(tmp_path: Path) -> None:
+    gateway = COMPONENTS[3]
 
     env = component_env(
         gateway,
@@ -154,7 +165,7 @@ def test_the_gateway_env_names_both_upstream_addresses_and_the_dev_token(tmp_pat
         service_token="service",
         dev_token="dev",
         page_token_secret="secret",
-        addresses={"transcript": "127.0.0.1:5", "compaction": "127.0.0.1:6"},
+        addresses={"transcript": "127.0.0.1:5", "compaction": "127.0.0.1:6", "merge": "127.0.0.1:7"},
     )
 
     assert env == {
@@ -164,6 +175,7 @@ def test_the_gateway_env_names_both_upstream_addresses_and_the_dev_token(tmp_pat
         "GATEWAY_SERVICE_TOKEN": "service",
         "GATEWAY_TRANSCRIPT_ADDRESS": "127.0.0.1:5",
         "GATEWAY_COMPACTION_ADDRESS": "127.0.0.1:6",
+        "GATEWAY_MERGE_ADDRESS": "127.0.0.1:7",
         "GATEWAY_DEV_TOKEN": "dev",
     }
 

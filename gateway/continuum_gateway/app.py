@@ -68,7 +68,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
 
     routes: list[BaseRoute] = [
         *health.ROUTES,
-        *capabilities.ROUTES,
+        *capabilities.routes(settings),
         *sessions.ROUTES,
         *messages.ROUTES,
         *outline.ROUTES,

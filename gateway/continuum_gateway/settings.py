@@ -35,6 +35,9 @@ class GatewaySettings(BaseSettings):
     transcript_address: str = "127.0.0.1:50151"
     # host:port of the compaction gRPC service.
     compaction_address: str = "127.0.0.1:50152"
+    # host:port of the merge gRPC service; empty when this deployment runs no merge (merge-v2 is then
+    # not advertised).
+    merge_address: str = ""
     # The credential the gateway presents to the services.
     service_token: SecretStr = SecretStr("")
     # Browser bearer token -> user id, given as a JSON object. Keys are secrets; the ids are not.

@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from gateway_testing import ALICE_TOKEN, BOB_TOKEN, assert_error, bearer, violations
+from gateway_testing import (
+    ALICE_TOKEN,
+    BOB_TOKEN,
+    assert_error,
+    bearer,
+    gateway_settings,
+    serving,
+    unused_address,
+    violations,
+)
+
+from continuum_gateway.app import create_app
 
 ALICE = bearer(ALICE_TOKEN)
 BOB = bearer(BOB_TOKEN)
@@ -225,3 +237,10 @@ async def test_capabilities_are_advertised(gateway: httpx.AsyncClient) -> None:
     assert response.status_code == 200, response.text
     assert response.json() == {"capabilities": ["transcript-v2", "history-outline-v1", "compaction-v1"]}
     assert_error(await gateway.get("/v1/capabilities"), 401, "UNAUTHENTICATED")
+
+
+async def test_merge_v2_is_advertised_when_the_deployment_runs_merge(tmp_path: Path) -> None:
+    settings = gateway_settings(tmp_path, unused_address(), merge_address=unused_address())
+    async with serving(create_app(settings)) as gateway:
+        response = await gateway.get("/v1/capabilities", headers=ALICE)
+    assert response.json() == {"capabilities": ["transcript-v2", "history-outline-v1", "compaction-v1", "merge-v2"]}

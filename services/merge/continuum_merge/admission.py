@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from continuum_merge.transcript_client import HeldClaim, TranscriptClient
 
@@ -25,11 +25,13 @@ def holder(operation_id: str) -> str:
 
 @dataclass(frozen=True)
 class TreeCut:
-    """One source tree at admission: its sessions (root first) and each one's last message id."""
+    """One source tree at admission: its sessions (root first), each one's last message id and history
+    generation (the snapshot refuses a session whose history was rewritten after the cut)."""
 
     root_session_id: str
     session_ids: tuple[str, ...]
     last_message_ids: dict[str, int]
+    history_generations: dict[str, int] = field(default_factory=dict)
 
 
 class TreeChanged(Exception):
@@ -44,6 +46,7 @@ def cut_json(cuts: Sequence[TreeCut]) -> str:
                 "rootSessionId": cut.root_session_id,
                 "sessionIds": list(cut.session_ids),
                 "lastMessageIds": cut.last_message_ids,
+                "historyGenerations": cut.history_generations,
             }
             for cut in cuts
         ],
@@ -55,7 +58,10 @@ def parse_cut(stored: str) -> list[TreeCut]:
     """Read a stored cut."""
     return [
         TreeCut(
-            item["rootSessionId"], tuple(item["sessionIds"]), {k: int(v) for k, v in item["lastMessageIds"].items()}
+            item["rootSessionId"],
+            tuple(item["sessionIds"]),
+            {k: int(v) for k, v in item["lastMessageIds"].items()},
+            {k: int(v) for k, v in item.get("historyGenerations", {}).items()},
         )
         for item in json.loads(stored)
     ]
@@ -77,10 +83,14 @@ async def claim_sources(
 
 
 async def read_cut(transcript: TranscriptClient, user: str, sources: Sequence[str]) -> list[TreeCut]:
-    """Each source tree's sessions and last message ids, read while the claim is held."""
+    """Each source tree's sessions, last message ids and history generations, read while the claim is held."""
     cuts: list[TreeCut] = []
     for root in sources:
         session_ids = [session_id async for session_id in transcript.tree(user, root)]
         last = {session_id: await transcript.last_message_id(user, session_id) for session_id in session_ids}
-        cuts.append(TreeCut(root, tuple(session_ids), last))
+        generations = {
+            session_id: (await transcript.get_session(user, session_id)).history_generation
+            for session_id in session_ids
+        }
+        cuts.append(TreeCut(root, tuple(session_ids), last, generations))
     return cuts

@@ -74,7 +74,7 @@ def _damaged(what: str) -> StageStop:
 
 
 def snapshot_stop(error: Exception) -> StageStop:
-    """What the worker does about a failure of the snapshot copy."""
+    """What the worker does about a failure of the snapshot copy (any other error is raised again)."""
     if isinstance(error, DiskReserveShort):
         return StageStop("DISK_RESERVE", str(error), "paused")
     if isinstance(error, RecordRequiresHandling):
@@ -96,7 +96,8 @@ def snapshot_stop(error: Exception) -> StageStop:
 
 
 def model_stop(error: Exception) -> StageStop:
-    """What the worker does about a failure of a model call or of its answer that splitting cannot cure.
+    """What the worker does about a failure of a model call, its answer or the package it reads that
+    splitting cannot cure (any other error is raised again).
 
     Everything the provider does wrong pauses with PROVIDER_UNAVAILABLE: the attempts and backoff of
     issue 10 were already spent on the call (`complete_patiently`), and credentials or a refused model
@@ -158,7 +159,10 @@ class MergeStages:
     ) -> Sealed:
         """Copy the source trees up to their recorded cuts, acting for `owner`, and seal."""
         reader = TranscriptSourceReader(self._transcript.stub, self._transcript.metadata(owner), self._timeout)
-        sources = [SourceCut(cut.root_session_id, cut.session_ids, cut.last_message_ids) for cut in cuts]
+        sources = [
+            SourceCut(cut.root_session_id, cut.session_ids, cut.last_message_ids, cut.history_generations)
+            for cut in cuts
+        ]
         try:
             sealed = await build_snapshot(
                 reader, sources, package_dir, version=version, disk_reserve_bytes=self._reserve, failpoint=failpoint

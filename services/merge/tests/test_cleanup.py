@@ -11,22 +11,14 @@ from pathlib import Path
 
 from deadline_testing import eventually
 from merge_testing import MergeStack, running_merge, running_merge_service
-from process_merge_testing import merge_env, two_sources
+from stages_testing import FAST, Hold, merge_env, merged_sessions, two_sources
 from transcript_testing import running_transcript
 
 from continuum.merge.v1 import merge_service_pb2 as api
 from continuum.merge.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as tapi
 from continuum_merge.snapshot import verify_snapshot
-
-FAST = {
-    "lease_ttl_seconds": 2.0,
-    "lease_renew_seconds": 0.3,
-    "worker_poll_seconds": 0.1,
-    "claim_ttl_seconds": 5.0,
-    "claim_renew_seconds": 1.0,
-    "retry_seconds": 0.2,
-}
+from continuum_merge.worker import UNIT_BEFORE_COMMIT
 
 
 async def merged(stack: MergeStack, sources: list[str], key: str) -> pb.MergeOperation:
@@ -115,3 +107,21 @@ def unreadable(tmp_path: Path, database_url: str) -> str:
     if database_url.startswith("sqlite"):
         return f"sqlite+aiosqlite:///{tmp_path / 'missing-dir' / 'merge.db'}"
     return database_url.rpartition("/")[0] + "/continuum_no_such_database"
+
+
+async def test_a_cancelled_operation_loses_its_directory_once_its_writer_stopped(
+    tmp_path: Path, database_url: str
+) -> None:
+    hold = Hold(UNIT_BEFORE_COMMIT)
+    async with running_merge(tmp_path, database_url, failpoint=hold, overrides=FAST) as stack:
+        await two_sources(stack.transcript)
+        operation_id = (await stack.start(["a", "b"])).operation.progress.operation_id
+        await asyncio.wait_for(hold.reached.wait(), 60)
+        package = stack.settings.resolved_package_root() / operation_id
+        assert (package / "snapshot").is_dir()
+        await stack.stub.CancelMerge(api.CancelMergeRequest(operation_id=operation_id), metadata=stack.user())
+        # The writer was cancelled at its hold, so it never commits the unit it was holding.
+        await eventually(lambda: not package.exists(), what="the cancelled operation's directory to go")
+        operation = await stack.get(operation_id)
+        assert operation.progress.status == pb.MERGE_STATUS_CANCELLED and not operation.progress.target_available
+        assert not await merged_sessions(stack.transcript)

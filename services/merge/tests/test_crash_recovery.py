@@ -13,7 +13,7 @@ import pytest
 from deadline_testing import eventually
 from google.protobuf import duration_pb2
 from merge_testing import OWNER
-from process_merge_testing import (
+from stages_testing import (
     MergeProcess,
     attempts,
     merge_process,

@@ -15,11 +15,12 @@ from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum_merge.snapshot import (
     PackageDamaged,
     SourceMissing,
+    SourceUnavailable,
     TranscriptSourceReader,
     build_snapshot,
     verify_snapshot,
 )
-from continuum_merge.snapshot.records import sha256_hex
+from continuum_merge.snapshot.records import canonical, sha256_hex
 
 USER = tpb.MESSAGE_ROLE_USER
 ASSISTANT = tpb.MESSAGE_ROLE_ASSISTANT
@@ -236,3 +237,83 @@ async def test_another_users_session_is_a_missing_source(tmp_path: Path, databas
         with pytest.raises(SourceMissing):
             await build_snapshot(other, await sources.cuts("a"), tmp_path / "op", version=1, disk_reserve_bytes=0)
     assert not (tmp_path / "op" / "snapshot").exists()
+
+
+async def test_a_merged_source_whose_package_is_gone_is_a_gap_and_a_damaged_one_refuses(
+    tmp_path: Path, database_url: str
+) -> None:
+    async with running_sources(tmp_path, database_url) as sources:
+        await _two_trees(sources)
+        first = tmp_path / "packages" / "op-1"
+        await build_snapshot(sources.reader, await sources.cuts("a"), first, version=1, disk_reserve_bytes=0)
+        await sources.session("c", kind=tpb.SESSION_KIND_MERGED, metadata={"sessionMergeOperationId": "op-1"})
+        await sources.append("c", text_message(ASSISTANT, "handoff entry"))
+        await sources.session("d", kind=tpb.SESSION_KIND_MERGED, metadata={"sessionMergeOperationId": "op-gone"})
+        await sources.session("e", kind=tpb.SESSION_KIND_MERGED, metadata={"sessionMergeOperationId": "../op-1"})
+        second = tmp_path / "packages" / "op-2"
+
+        sealed = await build_snapshot(
+            sources.reader, await sources.cuts("d", "e"), second, version=1, disk_reserve_bytes=0
+        )
+        assert sealed.record_count == 2  # the two sessions; nothing read outside the package root's own ids
+        gaps = rows(second, "gaps.jsonl")
+        assert [(gap["kind"], gap["sessionId"]) for gap in gaps] == [
+            ("prior_package_missing", "d"),
+            ("prior_package_invalid", "e"),
+        ]
+
+        text_file = next((first / "snapshot" / "text").iterdir())
+        text_file.write_bytes(b"tampered")
+        with pytest.raises(PackageDamaged):
+            await build_snapshot(sources.reader, await sources.cuts("c"), second, version=2, disk_reserve_bytes=0)
+    assert verify_snapshot(second).version == 1
+
+
+async def test_transcript_down_is_unavailable_not_missing(tmp_path: Path, database_url: str) -> None:
+    async with running_sources(tmp_path, database_url) as sources:
+        await sources.session("a")
+        cuts = await sources.cuts("a")
+        await sources.client.service.stop(grace=0)
+        with pytest.raises(SourceUnavailable):
+            await build_snapshot(sources.reader, cuts, tmp_path / "op", version=1, disk_reserve_bytes=0)
+
+
+def _mark_blocked(package: Path, record_ref: str) -> None:
+    """Stage what a merge that met an unreadable record leaves: the record listed as blocked, the
+    manifest and seal rewritten to match (as that merge's seal would have written them)."""
+    snapshot = package / "snapshot"
+    records = rows(package, "records.jsonl")
+    lines = [
+        canonical({**row, "processingPolicy": "blocked"} if row["recordRef"] == record_ref else row) + b"\n"
+        for row in records
+    ]
+    (snapshot / "records.jsonl").write_bytes(b"".join(lines))
+    manifest = json.loads((snapshot / "manifest.json").read_bytes())
+    data = b"".join(lines)
+    manifest["streams"]["records.jsonl"] = {"sha256": sha256_hex(data), "count": len(lines), "bytes": len(data)}
+    manifest["blockingRecordRefs"] = [record_ref]
+    manifest_bytes = json.dumps(manifest).encode()
+    (snapshot / "manifest.json").write_bytes(manifest_bytes)
+    seal = {"format": manifest["format"], "version": manifest["version"], "manifestHash": sha256_hex(manifest_bytes)}
+    (snapshot / "seal.json").write_bytes(canonical(seal))
+
+
+async def test_a_blocked_record_of_an_earlier_package_stays_blocked(tmp_path: Path, database_url: str) -> None:
+    async with running_sources(tmp_path, database_url) as sources:
+        written = await _two_trees(sources)
+        first = tmp_path / "packages" / "op-1"
+        await build_snapshot(sources.reader, await sources.cuts("b"), first, version=1, disk_reserve_bytes=0)
+        blocked = message_refs(first, "b")[written["b"][0]]
+        _mark_blocked(first, blocked)
+        assert verify_snapshot(first).blocking_record_refs == (blocked,)
+        await sources.session("c", kind=tpb.SESSION_KIND_MERGED, metadata={"sessionMergeOperationId": "op-1"})
+        second = tmp_path / "packages" / "op-2"
+
+        sealed = await build_snapshot(
+            sources.reader, await sources.cuts("c", "a"), second, version=1, disk_reserve_bytes=0
+        )
+    assert sealed.blocking_record_refs == (blocked,)
+    assert verify_snapshot(second).blocking_record_refs == (blocked,)
+    assert (second / "snapshot" / "raw" / f"{blocked}.json").read_bytes() == (
+        first / "snapshot" / "raw" / f"{blocked}.json"
+    ).read_bytes()

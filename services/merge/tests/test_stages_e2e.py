@@ -4,23 +4,29 @@ the real snapshot package, extraction units, the handoff and the published targe
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import pytest
 from deadline_testing import eventually
-from merge_testing import MergeStack, running_merge
-from process_merge_testing import attempts, merged_sessions, two_sources
-from transcript_testing import all_messages, append, user
+from merge_testing import MergeStack, merge_settings, running_merge, running_merge_service
+from model_server_testing import MODEL, FakeModelServer, Reply
+from snapshot_testing import Sources
+from stages_testing import FAST, Hold, attempts, merged_sessions, two_sources
+from transcript_testing import all_messages, append, running_transcript, user
 
 from continuum.merge.v1 import error_code_pb2
 from continuum.merge.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as tapi
 from continuum_merge import store
+from continuum_merge.admission import TreeCut
 from continuum_merge.extraction import AnswerInvalid, HandoffDamaged, PackageUnreadable, UnitTooLarge, verify_handoff
+from continuum_merge.pipeline import Sealed
+from continuum_merge.server import open_transcript
 from continuum_merge.snapshot import (
     DiskReserveShort,
     PackageDamaged,
@@ -28,39 +34,20 @@ from continuum_merge.snapshot import (
     SourceChanged,
     SourceMissing,
     SourceUnavailable,
+    TranscriptSourceReader,
     verify_snapshot,
 )
-from continuum_merge.stages import model_stop, snapshot_stop
+from continuum_merge.stages import MergeStages, model_stop, snapshot_stop
+from continuum_merge.transcript_client import TranscriptClient as MergeTranscript
 from continuum_merge.worker import UNIT_BEFORE_COMMIT
 from continuum_runtime.provider import (
+    OfflineProvider,
     ProviderAuthFailed,
     ProviderInputTooLarge,
     ProviderRateLimited,
+    ProviderSettings,
     ProviderUnavailable,
 )
-
-FAST = {
-    "lease_ttl_seconds": 2.0,
-    "lease_renew_seconds": 0.3,
-    "worker_poll_seconds": 0.1,
-    "claim_ttl_seconds": 5.0,
-    "claim_renew_seconds": 1.0,
-    "retry_seconds": 0.2,
-}
-
-
-class Hold:
-    """A failpoint that holds the run the first time it reaches `point`, until released."""
-
-    def __init__(self, point: str) -> None:
-        self.point = point
-        self.reached = asyncio.Event()
-        self.release = asyncio.Event()
-
-    async def __call__(self, name: str) -> None:
-        if name == self.point and not self.reached.is_set():
-            self.reached.set()
-            await self.release.wait()
 
 
 async def completed(stack: MergeStack, operation_id: str) -> pb.MergeOperation:
@@ -108,6 +95,11 @@ async def test_two_sources_with_tool_rounds_publish_a_merged_target_and_free_the
     stack: MergeStack, hold: Hold
 ) -> None:
     await two_sources(stack.transcript)
+    picture = b"\x89PNG picture bytes " * 5000
+    sources = Sources(stack.transcript, TranscriptSourceReader(stack.transcript.stub, stack.user(), 30))
+    attachment_id = await sources.upload("a", picture)
+    shown = tpb.ContentPart(attachment=tpb.AttachmentReference(attachment_id=attachment_id))
+    await append(stack.transcript, "a", tpb.NewMessage(role=tpb.MESSAGE_ROLE_USER, content=[shown]))
     start = await stack.start(["a", "b"], title="Merged work")
     operation_id = start.operation.progress.operation_id
     await asyncio.wait_for(hold.reached.wait(), 60)
@@ -147,6 +139,7 @@ async def test_two_sources_with_tool_rounds_publish_a_merged_target_and_free_the
     refs = [row["recordRef"] for row in records(package)]
     assert len(refs) == len(set(refs))
     assert (package / "handoff" / "handoff.md").is_file()
+    assert (package / "snapshot" / "assets" / hashlib.sha256(picture).hexdigest()).read_bytes() == picture
 
     # Every unit ran once with the offline provider, and its call was recorded as completed.
     units, outcomes = await attempts(stack.database, operation_id)
@@ -258,3 +251,92 @@ def test_snapshot_failures_map_to_a_code_and_an_outcome(error: Exception, code: 
 def test_model_failures_map_to_a_code_and_an_outcome(error: Exception, code: str, outcome: str) -> None:
     stop = model_stop(error)
     assert (stop.code, stop.outcome) == (code, outcome)
+
+
+@pytest.fixture
+async def model_server() -> AsyncIterator[FakeModelServer]:
+    fake = FakeModelServer()
+    await fake.start()
+    try:
+        yield fake
+    finally:
+        await fake.stop()
+
+
+def http_provider(model_server: FakeModelServer) -> ProviderSettings:
+    return ProviderSettings(kind="openai", base_url=model_server.url, model=MODEL, max_retries=0)
+
+
+async def test_a_provider_without_answers_makes_the_run_retry_later(
+    tmp_path: Path, database_url: str, model_server: FakeModelServer
+) -> None:
+    model_server.script(Reply(status=503, body=b"overloaded"))
+    overrides = {**FAST, "retry_seconds": 3600.0, "provider": http_provider(model_server)}
+    async with running_merge(tmp_path, database_url, overrides=overrides) as stack:
+        await two_sources(stack.transcript)
+        operation_id = (await stack.start(["a", "b"])).operation.progress.operation_id
+
+        async def retrying() -> bool:
+            return (await stack.get(operation_id)).progress.HasField("retry_time")
+
+        await eventually(retrying, what="the run to wait for a retry", seconds=60)
+        progress = (await stack.get(operation_id)).progress
+        assert progress.status == pb.MERGE_STATUS_PREPARING and progress.snapshot_sealed
+        assert progress.error_code == error_code_pb2.PROVIDER_UNAVAILABLE
+        assert len(model_server.requests) == 1 and model_server.requests[0].json()["model"] == MODEL
+        _, outcomes = await attempts(stack.database, operation_id)
+        assert outcomes == Counter({"error": 1})
+
+
+async def test_a_provider_refusing_the_credentials_pauses_resumably(
+    tmp_path: Path, database_url: str, model_server: FakeModelServer
+) -> None:
+    model_server.script(Reply(status=401, body=b"bad key"))
+    async with running_merge(
+        tmp_path, database_url, overrides={**FAST, "provider": http_provider(model_server)}
+    ) as stack:
+        await two_sources(stack.transcript)
+        operation_id = (await stack.start(["a", "b"])).operation.progress.operation_id
+        progress = (await paused(stack, operation_id)).progress
+        assert progress.error_code == error_code_pb2.PROVIDER_UNAVAILABLE and progress.can_resume
+        assert len(model_server.requests) == 1
+
+
+class HeldSnapshot(MergeStages):
+    """The real stages, with the snapshot held after the cut was recorded until the test releases it."""
+
+    def __init__(self, transcript: MergeTranscript, hold: Hold) -> None:
+        super().__init__(transcript, OfflineProvider(), timeout_seconds=30, disk_reserve_bytes=0)
+        self.hold = hold
+
+    async def snapshot(
+        self, owner: str, package_dir: Path, cuts: Sequence[TreeCut], version: int, failpoint: Callable[[str], None]
+    ) -> Sealed:
+        await self.hold("snapshot")
+        return await super().snapshot(owner, package_dir, cuts, version, failpoint)
+
+
+async def test_a_history_rewritten_after_the_cut_is_not_copied(tmp_path: Path, database_url: str) -> None:
+    async with running_transcript(tmp_path, database_url) as transcript:
+        client = open_transcript(merge_settings(tmp_path, database_url, transcript.service.port))
+        hold = Hold("snapshot")
+        try:
+            async with running_merge_service(
+                tmp_path, database_url, transcript, pipeline=HeldSnapshot(client, hold), overrides=FAST
+            ) as stack:
+                await two_sources(stack.transcript)
+                operation_id = (await stack.start(["a", "b"])).operation.progress.operation_id
+                await asyncio.wait_for(hold.reached.wait(), 60)
+                first = (await all_messages(transcript.stub, stack.user(), "a"))[0]
+                await transcript.stub.EditUserMessage(
+                    tapi.EditUserMessageRequest(
+                        session_id="a", message_id=first.message_id, content=[tpb.ContentPart(text="a: rewritten")]
+                    ),
+                    metadata=stack.user(),
+                )
+                hold.release.set()
+                progress = (await paused(stack, operation_id)).progress
+                assert progress.error_code == error_code_pb2.SOURCE_BUSY and not progress.snapshot_sealed
+                assert not progress.locked_source_session_ids
+        finally:
+            await client.close()

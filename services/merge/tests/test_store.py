@@ -7,6 +7,7 @@ import asyncio
 import os
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -63,11 +64,11 @@ async def current(connection: AsyncConnection) -> store.Operation:
     return operation
 
 
-async def test_migrating_concurrently_ends_at_the_tables_the_code_uses(database_url: str) -> None:
+async def test_migrating_concurrently_ends_at_the_tables_the_code_uses(database_url: str, tmp_path: Path) -> None:
+    env = {**os.environ, "MERGE_DATABASE_URL": database_url, "MERGE_DATA_DIR": str(tmp_path / "merge")}
+
     async def migrate() -> int:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "continuum_merge", "migrate", env={**os.environ, "MERGE_DATABASE_URL": database_url}
-        )
+        process = await asyncio.create_subprocess_exec(sys.executable, "-m", "continuum_merge", "migrate", env=env)
         return await process.wait()
 
     assert list(await asyncio.gather(migrate(), migrate())) == [0, 0]

@@ -1,5 +1,6 @@
-"""The merge service as a killable process (`python -m continuum_merge serve`) beside a real transcript,
-and what a recovery test checks afterwards (importable as `process_merge_testing`)."""
+"""Helpers of the tests through the real stages (importable as `stages_testing`): source trees with tool
+rounds, a failpoint that holds a run, the merge service as a killable process (`python -m continuum_merge
+serve`) beside a real transcript, and what a recovery test reads afterwards."""
 
 from __future__ import annotations
 
@@ -29,6 +30,15 @@ from continuum_runtime.auth import call_metadata
 from continuum_runtime.channels import open_channel
 from continuum_runtime.database import Database
 
+# Short leases and polls for a merge server in the test process.
+FAST = {
+    "lease_ttl_seconds": 2.0,
+    "lease_renew_seconds": 0.3,
+    "worker_poll_seconds": 0.1,
+    "claim_ttl_seconds": 5.0,
+    "claim_renew_seconds": 1.0,
+    "retry_seconds": 0.2,
+}
 # Short leases so a killed process's operation is taken over within seconds.
 FAST_ENV = {
     "MERGE_LEASE_TTL_SECONDS": "2",
@@ -40,6 +50,21 @@ FAST_ENV = {
 }
 # A tool output large enough that the default extraction budget makes several units of two sources.
 TOOL_OUTPUT_BYTES = 30_000
+
+
+class Hold:
+    """A failpoint that holds the run the first time it reaches `point`, until released."""
+
+    def __init__(self, point: str) -> None:
+        self.point = point
+        self.reached = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def __call__(self, name: str) -> None:
+        """Hold at `point` (once)."""
+        if name == self.point and not self.reached.is_set():
+            self.reached.set()
+            await self.release.wait()
 
 
 def metadata(owner: str = OWNER) -> tuple[tuple[str, str], ...]:
