@@ -33,7 +33,7 @@ from continuum_merge.extraction import (
     split_unit,
     verify_handoff,
 )
-from continuum_merge.extraction.unit import CallHook
+from continuum_merge.extraction.unit import SHRINKABLE, CallHook
 from continuum_merge.pipeline import Sealed, StageStop, UnitDone, UnitSplit
 from continuum_merge.snapshot import (
     DiskReserveShort,
@@ -120,11 +120,6 @@ def model_stop(error: Exception) -> StageStop:
     if isinstance(error, (PackageUnreadable, HandoffDamaged)):
         return _damaged(str(error))
     raise error
-
-
-# What splitting the current unit may cure: the request or the answer did not fit, or the model kept
-# answering outside the schema after its one repair (a smaller input is easier to answer).
-_SHRINKABLE = (UnitTooLarge, ProviderInputTooLarge, ProviderOutputTruncated, AnswerInvalid)
 
 
 class MergeStages:
@@ -220,7 +215,7 @@ class MergeStages:
                 policy=self._policy,
                 on_call=self._on_call,
             )
-        except _SHRINKABLE as error:
+        except SHRINKABLE as error:
             return await self._split(package_dir, spec, model, error)
         except (ProviderError, PackageUnreadable) as error:
             raise model_stop(error) from error

@@ -343,3 +343,28 @@ async def test_a_call_over_its_timeout_is_cancelled_on_the_injected_clock(
     with pytest.raises(ProviderUnavailable, match="timed out after 300 s"):
         await running
     assert not (package / "work").exists()
+
+
+async def test_a_condensing_pack_that_does_not_fit_is_bisected(
+    tmp_path: Path, server: FakeModelServer, provider: OpenAICompatibleProvider
+) -> None:
+    package, unit = one_unit(tmp_path)
+    server.script(completion(answer(RENAMED, OPEN)))
+    outcome = await run_unit(unit, package, provider, model=MODEL)
+    condensed = {"section": "changes", "status": "completed", "content": "c", "evidence": ["a1"]}
+    server.script(
+        json_reply({"error": {"message": "too large"}}, status=413),
+        completion(answer(condensed)),
+        completion(answer(condensed)),
+    )
+    ready = await aggregate(package, [outcome.path], provider, model=MODEL, brief_tokens=10)
+    assert (ready.layer_count, ready.brief_item_count, ready.not_expanded) == (1, 2, 0)
+    halves = [json.loads(request.json()["messages"][1]["content"])["inputs"] for request in server.requests[2:]]
+    assert [[entry["alias"] for entry in inputs] for inputs in halves] == [["a1"], ["a1"]]
+    # A pack of one item that still does not fit cannot shrink further: the error reaches the stage.
+    (package / "handoff").rename(package / "handoff.before")
+    server.script(completion(answer(OPEN)))
+    one_item = await run_unit(unit, package, provider, model=MODEL)
+    server.script(json_reply({"error": {"message": "too large"}}, status=413))
+    with pytest.raises(ProviderInputTooLarge):
+        await aggregate(package, [one_item.path], provider, model=MODEL, brief_tokens=1)

@@ -28,6 +28,7 @@ from continuum_runtime.provider import (
     ModelProvider,
     ProviderBadResponse,
     ProviderError,
+    ProviderInputTooLarge,
     ProviderOutputTruncated,
     ProviderRateLimited,
     ProviderUnavailable,
@@ -37,6 +38,7 @@ from continuum_runtime.provider import (
 
 __all__ = [
     "RESULT_KIND",
+    "SHRINKABLE",
     "CallHook",
     "CallRecord",
     "UnitOutcome",
@@ -189,6 +191,9 @@ async def ask_items(
     raise AnswerInvalid(f"{subject}: answer still invalid after one repair: {rejected}", unit_id=subject)
 
 
+# What a smaller input may cure: the request or the answer did not fit, or the model kept answering
+# outside the schema after its one repair. The caller bisects the input (a unit or a condensing pack).
+SHRINKABLE = (UnitTooLarge, ProviderInputTooLarge, ProviderOutputTruncated, AnswerInvalid)
 # Failures another attempt of the same request may cure: 429, 5xx, network, timeout, a garbled answer.
 _TRANSIENT = (ProviderRateLimited, ProviderUnavailable, ProviderBadResponse)
 
