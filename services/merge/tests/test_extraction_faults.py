@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -116,8 +117,19 @@ def children_of(row: dict[str, Any]) -> list[str]:
     return children
 
 
-def assert_no_history_in_logs(caplog: pytest.LogCaptureFixture) -> None:
-    assert SECRET not in caplog.text and "displayName instead" not in caplog.text
+def assert_logs_name_the_call_but_hold_no_history(caplog: pytest.LogCaptureFixture, operation_id: str) -> None:
+    """The extraction's records name the operation, the unit, the model and the budget figures; no record
+    (message or fields) holds the history."""
+    accepted = [record for record in caplog.records if record.getMessage() == "structured answer accepted"]
+    assert accepted and all(getattr(record, "operation_id", None) == operation_id for record in accepted)
+    assert all(
+        hasattr(record, field)
+        for record in accepted
+        for field in ("subject", "model", "material_tokens", "max_output_tokens", "finish_reason", "usage_reported")
+    )
+    for record in caplog.records:
+        shown = record.getMessage() + repr(record.__dict__)
+        assert SECRET not in shown and "displayName instead" not in shown
 
 
 @pytest.mark.parametrize(
@@ -133,6 +145,7 @@ def assert_no_history_in_logs(caplog: pytest.LogCaptureFixture) -> None:
 async def test_a_request_or_answer_that_does_not_fit_splits_the_unit_in_the_database_and_completes(
     stack: MergeStack, model: FakeModelServer, refusal: Reply, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="continuum.merge.extraction")
     operation_id = await one_source(stack)
     model.script(refusal, answer("i1"), answer("i1"))
     operation = await settled(stack, operation_id)
@@ -148,7 +161,7 @@ async def test_a_request_or_answer_that_does_not_fit_splits_the_unit_in_the_data
     # Each half carried one part: the truncated or oversized answer was never a result.
     halves = [json.loads(request.json()["messages"][1]["content"])["inputs"] for request in model.requests[1:]]
     assert [len(inputs) for inputs in halves] == [1, 1]
-    assert_no_history_in_logs(caplog)
+    assert_logs_name_the_call_but_hold_no_history(caplog, operation_id)
 
 
 async def test_bad_json_gets_one_repair_then_the_unit_is_split(stack: MergeStack, model: FakeModelServer) -> None:

@@ -406,6 +406,7 @@ async def _condense_pack(pack: list[dict[str, Any]], asker: _Asker, key: str) ->
         aliases,
         budget=asker.budget,
         subject=key,
+        operation_id=asker.package_dir.name,
         policy=asker.policy,
         on_call=asker.on_call,
     )

@@ -114,6 +114,7 @@ async def run_unit(
         by_alias,
         budget=budget,
         subject=spec.unit_id,
+        operation_id=package_dir.name,
         policy=policy,
         on_call=on_call,
     )
@@ -127,11 +128,13 @@ async def ask_items(
     *,
     budget: UnitBudget,
     subject: str,
+    operation_id: str = "",
     policy: CallPolicy | None = None,
     on_call: CallHook | None = None,
 ) -> tuple[list[AnswerItem], Completion, tuple[CallRecord, ...]]:
     """Send `request(None)`; when the answer fails the checks, send `request(problem)` once more.
 
+    `operation_id` (the package directory's name) and `subject` name the call in logs.
     Returns the checked items, the accepted completion and every call made. Raises AnswerInvalid
     (naming `subject`, a unit or condensing pack) when the repaired answer fails too, and UnitTooLarge
     when a request or an answer is over the budget's byte guards. `on_call(subject, call)` hears of
@@ -151,7 +154,12 @@ async def ask_items(
             )
         try:
             completion = await complete_patiently(
-                provider, messages, max_output_tokens=budget.generation_tokens, policy=policy, subject=subject
+                provider,
+                messages,
+                max_output_tokens=budget.generation_tokens,
+                policy=policy,
+                subject=subject,
+                operation_id=operation_id,
             )
         except ProviderOutputTruncated as truncated:
             # A cut-off answer is never used, but it was paid for.
@@ -162,6 +170,7 @@ async def ask_items(
         if on_call is not None:
             on_call(subject, calls[-1])
         figures = {
+            "operation_id": operation_id,
             "subject": subject,
             "attempt": attempt,
             "model": completion.model,
@@ -205,6 +214,7 @@ async def complete_patiently(
     max_output_tokens: int,
     policy: CallPolicy,
     subject: str,
+    operation_id: str = "",
 ) -> Completion:
     """`provider.complete` with the per-call timeout and up to `policy.attempts` attempts.
 
@@ -224,6 +234,7 @@ async def complete_patiently(
             logger.warning(
                 "model call failed, trying again",
                 extra={
+                    "operation_id": operation_id,
                     "subject": subject,
                     "attempt": attempt,
                     "model": provider.model,
