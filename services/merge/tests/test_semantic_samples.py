@@ -20,13 +20,20 @@ from typing import Any
 
 import pytest
 from extraction_testing import SnapshotBuilder
+from model_server_testing import MODEL, FakeModelServer, completion
 from semantic_samples import CONTINUATION, SAMPLES, Fact, Sample
 
 from continuum_merge.extraction import ExtractionSettings, aggregate, plan_units, run_unit
 from continuum_merge.extraction.aggregate import NOT_RECORDED
 from continuum_merge.extraction.schema import SECTIONS, STATUSES
 from continuum_merge.settings import MergeSettings
-from continuum_runtime.provider import ModelProvider, OfflineProvider, open_provider
+from continuum_runtime.provider import (
+    ModelProvider,
+    OfflineProvider,
+    OpenAICompatibleProvider,
+    ProviderSettings,
+    open_provider,
+)
 
 ATTACHMENT = b"SECRET-ATTACHMENT-BYTES"
 
@@ -171,3 +178,38 @@ async def test_semantic_evaluation_with_a_configured_model(tmp_path: Path) -> No
     # Shown with `pytest -s`: the evaluation's result, reported apart from the structural run's.
     sys.stdout.write(json.dumps({"kind": "semantic evaluation (not structural)", "facts": report}, indent=1) + "\n")
     assert report
+
+
+async def test_the_evaluation_machinery_with_a_scripted_http_model(tmp_path: Path) -> None:
+    """The continuation sample through the real HTTP client, the scripted model answering as a faithful one
+    would (each labelled fact, citing the message it comes from): the labels reach the details and the brief
+    unchanged and the evaluation's checks find every fact. A check of the machinery, not of a model."""
+    server = FakeModelServer()
+    await server.start()
+    provider = OpenAICompatibleProvider(ProviderSettings(kind="openai", base_url=server.url, model=MODEL))
+    try:
+        aliases = {
+            fact.name: f"i{next(n for n, m in enumerate(CONTINUATION.messages, 1) if fact.quote in m.text)}"
+            for fact in CONTINUATION.facts
+        }
+        items = [
+            {
+                "section": fact.section,
+                "status": fact.status,
+                "content": f"{fact.name}: {' '.join(fact.keywords)}",
+                "evidence": [aliases[fact.name]],
+            }
+            for fact in CONTINUATION.facts
+        ]
+        server.script(completion(json.dumps({"schemaVersion": 2, "items": items})))
+        details, brief = await handoff_of(build(CONTINUATION, tmp_path), provider)
+    finally:
+        await provider.aclose()
+        await server.stop()
+    package = tmp_path
+    for fact in CONTINUATION.facts:
+        citing = items_citing(package, details, fact)
+        assert [(item["section"], item["status"]) for item in citing] == [(fact.section, fact.status)]
+        assert carried(fact, [item["content"] for item in details])
+        assert carried(fact, [item["content"] for item in brief["items"]])
+    assert len(server.requests) == 1
