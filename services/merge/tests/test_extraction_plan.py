@@ -42,7 +42,16 @@ def test_every_extractable_part_is_in_exactly_one_unit_in_snapshot_order(tmp_pat
     own = [part for _, parts in parts_of(package, units) for part in parts]
     files = [json.loads(line) for line in (package / "snapshot" / "files.jsonl").read_text().splitlines()]
     expected = [row["ref"] for row in files if row["kind"] == "text" and "private" not in _text(package, row)]
-    assert [part.ref for part in own] == expected
+    # Each part once, in order; a part over the material budget as consecutive slice units.
+    assert [ref for ref, _ in itertools.groupby(part.ref for part in own)] == expected
+    sliced = [unit for unit in units if unit.slice is not None]
+    assert {unit.first_ref for unit in sliced} == {ref for ref in expected if ref.startswith(f"r_{record}:")}
+    for ref, group in itertools.groupby(sliced, key=lambda unit: unit.first_ref):
+        bounds = [unit.slice or (-1, -1) for unit in group]
+        text = _text(package, next(row for row in files if row["ref"] == ref))
+        assert bounds[0][0] == 0 and bounds[-1][1] == len(text)
+        assert all(left[1] == right[0] for left, right in itertools.pairwise(bounds))
+        assert all(len(text[a:b].encode()) / 4 + 32 <= SMALL.material_tokens for a, b in bounds)
     assert [unit.ordinal for unit in units] == list(range(len(units)))
     assert all(unit.stage == "extracting" and unit.part_count >= 1 for unit in units)
     # The stored input is small and, with the id and ordinal, rebuilds the unit.

@@ -4,8 +4,9 @@ Parts are taken in the snapshot's order (source → message → part) and packed
 budget's material tokens (estimates, from the recorded byte sizes). A tool result stays with the
 call before it: when a unit would close between them, the call's parts move to the next unit too
 (when they fit). Each unit after the first repeats a few trailing parts of the one before it as
-context, so a fact split across the boundary is seen whole. Coverage is decided by this plan: every
-extractable part is in exactly one unit's own parts.
+context, so a fact split across the boundary is seen whole. A part over the material budget by itself
+is read alone, in consecutive slices of its text (code point ranges) that each fit. Coverage is decided
+by this plan: every extractable part is in exactly one unit's own parts, or in its slices end to end.
 
 A unit does not hold its parts: it records where they start in files.jsonl and records.jsonl and how
 many there are, so a plan over a long history stays small; `scan_unit` reads them again and checks
@@ -18,12 +19,12 @@ import hashlib
 import json
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from continuum_merge.extraction.errors import PackageUnreadable
 from continuum_merge.extraction.package import RecordRow, iter_files, iter_records, read_text_part, snapshot_identity
-from continuum_runtime.provider.tokens import estimate_tokens, estimate_tokens_of_bytes
+from continuum_runtime.provider.tokens import BYTES_PER_TOKEN, estimate_tokens, estimate_tokens_of_bytes
 
 __all__ = ["EXTRACT_POLICY", "PartSpec", "UnitBudget", "UnitSpec", "plan_units", "scan_unit", "split_unit"]
 
@@ -206,6 +207,14 @@ def plan_units(package_dir: Path, *, processor_version: str, budget: UnitBudget)
     used = 0
     for located in _extractable(package_dir):
         cost = located.part.tokens(budget)
+        if cost > budget.material_tokens:
+            # A part over the material budget on its own: closed off alone, in slices that each fit.
+            if current:
+                units.append(_unit(len(units), snapshot_hash, processor_version, context, current))
+            for bounds in _slices(package_dir, located.part, budget):
+                units.append(_unit(len(units), snapshot_hash, processor_version, [], [located], bounds=bounds))
+            context, current, used = [], [], 0
+            continue
         if current and not _fits(used + cost, len(context) + len(current) + 1, budget):
             carried = _carried_call(current, located, cost, budget)
             own = current[: len(current) - len(carried)]
@@ -225,7 +234,7 @@ def plan_units(package_dir: Path, *, processor_version: str, budget: UnitBudget)
 def _fits(tokens: int, parts: int, budget: UnitBudget) -> bool:
     """Whether a unit of `parts` parts and `tokens` estimated tokens is within the budget.
 
-    A single part over the material budget still makes a unit of its own (shrinking it is not planning's).
+    (A part over the material budget on its own never gets here: it is planned in slices.)
     """
     return tokens <= budget.material_tokens and parts <= budget.max_parts
 
@@ -274,10 +283,7 @@ def _split_part(
         return None
     middle = (start + end) // 2
     first, second = (
-        replace(
-            _unit(spec.ordinal, spec.snapshot_hash, spec.processor_version, [], [located], unit_id=unit_id),
-            slice=bounds,
-        )
+        _unit(spec.ordinal, spec.snapshot_hash, spec.processor_version, [], [located], unit_id=unit_id, bounds=bounds)
         for unit_id, bounds in ((f"{spec.unit_id}.0", (start, middle)), (f"{spec.unit_id}.1", (middle, end)))
     )
     return first, second
@@ -378,11 +384,16 @@ def _unit(
     own: list[_Located],
     *,
     unit_id: str | None = None,
+    bounds: tuple[int, int] | None = None,
 ) -> UnitSpec:
-    """The spec of a unit over `context` and `own`; its id is derived from them unless given (split)."""
+    """The spec of a unit over `context` and `own` (a slice `bounds` of a single own part); its id is
+    derived from them unless given (split)."""
     first = context[0] if context else own[0]
     input_hash = _input_hash([located.part for located in [*context, *own]])
-    identity = json.dumps([snapshot_hash, STAGE, processor_version, input_hash, len(context)], separators=(",", ":"))
+    identity = json.dumps(
+        [snapshot_hash, STAGE, processor_version, input_hash, len(context), *([list(bounds)] if bounds else [])],
+        separators=(",", ":"),
+    )
     return UnitSpec(
         unit_id=unit_id or "x_" + hashlib.sha256(identity.encode()).hexdigest(),
         stage=STAGE,
@@ -396,7 +407,25 @@ def _unit(
         part_count=len(own),
         first_ref=own[0].part.ref,
         last_ref=own[-1].part.ref,
+        slice=bounds,
     )
+
+
+def _slices(package_dir: Path, part: PartSpec, budget: UnitBudget) -> list[tuple[int, int]]:
+    """Consecutive code point ranges of the part's text, each within the material budget (in estimated
+    tokens of its UTF-8 bytes)."""
+    text = read_text_part(package_dir, part.path, size=part.size, sha256=part.sha256)
+    limit = (budget.material_tokens - budget.part_overhead_tokens) * BYTES_PER_TOKEN
+    slices: list[tuple[int, int]] = []
+    start, size = 0, 0
+    for index, character in enumerate(text):
+        width = len(character.encode())
+        if size + width > limit and index > start:
+            slices.append((start, index))
+            start, size = index, 0
+        size += width
+    slices.append((start, len(text)))
+    return slices
 
 
 def _input_hash(parts: list[PartSpec]) -> str:
