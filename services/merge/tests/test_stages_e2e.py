@@ -24,7 +24,14 @@ from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as tapi
 from continuum_merge import store
 from continuum_merge.admission import TreeCut
-from continuum_merge.extraction import AnswerInvalid, HandoffDamaged, PackageUnreadable, UnitTooLarge, verify_handoff
+from continuum_merge.extraction import (
+    AnswerInvalid,
+    ExtractionSettings,
+    HandoffDamaged,
+    PackageUnreadable,
+    UnitTooLarge,
+    verify_handoff,
+)
 from continuum_merge.pipeline import Sealed
 from continuum_merge.server import open_transcript
 from continuum_merge.snapshot import (
@@ -267,23 +274,24 @@ def http_provider(model_server: FakeModelServer) -> ProviderSettings:
     return ProviderSettings(kind="openai", base_url=model_server.url, model=MODEL, max_retries=0)
 
 
-async def test_a_provider_without_answers_makes_the_run_retry_later(
+async def test_a_provider_without_answers_is_tried_three_times_then_pauses_resumably(
     tmp_path: Path, database_url: str, model_server: FakeModelServer
 ) -> None:
-    model_server.script(Reply(status=503, body=b"overloaded"))
-    overrides = {**FAST, "retry_seconds": 3600.0, "provider": http_provider(model_server)}
+    """Issue 10: 3 attempts per unit and model (the waits between them are the extraction's backoff, none
+    here), then paused PROVIDER_UNAVAILABLE; resuming continues."""
+    model_server.script(*(Reply(status=503, body=b"overloaded") for _ in range(3)))
+    overrides = {
+        **FAST,
+        "provider": http_provider(model_server),
+        "extraction": ExtractionSettings(backoff_seconds=(0.0,)),
+    }
     async with running_merge(tmp_path, database_url, overrides=overrides) as stack:
         await two_sources(stack.transcript)
         operation_id = (await stack.start(["a", "b"])).operation.progress.operation_id
-
-        async def retrying() -> bool:
-            return (await stack.get(operation_id)).progress.HasField("retry_time")
-
-        await eventually(retrying, what="the run to wait for a retry", seconds=60)
-        progress = (await stack.get(operation_id)).progress
-        assert progress.status == pb.MERGE_STATUS_PREPARING and progress.snapshot_sealed
+        progress = (await paused(stack, operation_id)).progress
+        assert progress.snapshot_sealed and progress.can_resume
         assert progress.error_code == error_code_pb2.PROVIDER_UNAVAILABLE
-        assert len(model_server.requests) == 1 and model_server.requests[0].json()["model"] == MODEL
+        assert len(model_server.requests) == 3 and {r.json()["model"] for r in model_server.requests} == {MODEL}
         _, outcomes = await attempts(stack.database, operation_id)
         assert outcomes == Counter({"error": 1})
 
