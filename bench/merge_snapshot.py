@@ -244,6 +244,11 @@ async def seal(address: str, package_dir: Path, roots: list[str]) -> dict[str, A
     return result
 
 
+def describe(sealed: dict[str, Any]) -> str:
+    """A progress line about one seal."""
+    return f"{sealed['seconds']:.2f}s ({sealed['cpu_seconds']:.1f} s CPU), peak RSS {sealed['peak_rss_mib']} MiB"
+
+
 def verify_seconds(package_dir: Path) -> float:
     """Wall time of `python -m continuum_merge.snapshot verify` over the sealed package."""
     started = time.perf_counter()
@@ -276,9 +281,11 @@ async def run(admin_url: str, seed: int, history_mib: int) -> dict[str, Any]:
                 first = baseline_seconds(database, sessions, attachments_dir)
                 log(f"  {first:.2f}s; sealing a quarter (one tree) ...")
                 quarter = await seal(address, packages / "op-quarter", roots[:1])
-                log(f"  {quarter['seconds']:.2f}s, peak RSS {quarter['peak_rss_mib']} MiB; sealing all four trees ...")
+                log(f"  {describe(quarter)}")
+                log("sealing all four trees ...")
                 whole = await seal(address, packages / "op-whole", roots)
-                log(f"  {whole['seconds']:.2f}s, peak RSS {whole['peak_rss_mib']} MiB; baseline again ...")
+                log(f"  {describe(whole)}")
+                log("baseline again ...")
                 second = baseline_seconds(database, sessions, attachments_dir)
                 log(f"  {second:.2f}s; verifying the sealed package ...")
                 verified = verify_seconds(packages / "op-whole")
@@ -296,6 +303,7 @@ async def run(admin_url: str, seed: int, history_mib: int) -> dict[str, Any]:
         "package_mib": round(whole["byte_count"] / MIB, 1),
         "records": whole["record_count"],
         "seal_seconds": whole["seconds"],
+        "seal_cpu_seconds": whole["cpu_seconds"],
         "baseline_seconds": round(baseline, 3),
         "verify_seconds": round(verified, 3),
     }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from continuum_merge.transcript_client import HeldClaim, TranscriptClient
 
@@ -26,12 +26,12 @@ def holder(operation_id: str) -> str:
 @dataclass(frozen=True)
 class TreeCut:
     """One source tree at admission: its sessions (root first), each one's last message id and history
-    generation (the snapshot refuses a session whose history was rewritten after the cut)."""
+    generation (a history rewritten after the cut is not copied)."""
 
     root_session_id: str
     session_ids: tuple[str, ...]
     last_message_ids: dict[str, int]
-    history_generations: dict[str, int] = field(default_factory=dict)
+    history_generations: dict[str, int]
 
 
 class TreeChanged(Exception):
@@ -60,8 +60,8 @@ def parse_cut(stored: str) -> list[TreeCut]:
         TreeCut(
             item["rootSessionId"],
             tuple(item["sessionIds"]),
-            {k: int(v) for k, v in item["lastMessageIds"].items()},
-            {k: int(v) for k, v in item.get("historyGenerations", {}).items()},
+            {key: int(value) for key, value in item["lastMessageIds"].items()},
+            {key: int(value) for key, value in item["historyGenerations"].items()},
         )
         for item in json.loads(stored)
     ]
@@ -83,14 +83,11 @@ async def claim_sources(
 
 
 async def read_cut(transcript: TranscriptClient, user: str, sources: Sequence[str]) -> list[TreeCut]:
-    """Each source tree's sessions, last message ids and history generations, read while the claim is held."""
+    """Each source tree's sessions and last message ids, read while the claim is held."""
     cuts: list[TreeCut] = []
     for root in sources:
-        session_ids = [session_id async for session_id in transcript.tree(user, root)]
-        last = {session_id: await transcript.last_message_id(user, session_id) for session_id in session_ids}
-        generations = {
-            session_id: (await transcript.get_session(user, session_id)).history_generation
-            for session_id in session_ids
-        }
-        cuts.append(TreeCut(root, tuple(session_ids), last, generations))
+        sessions = [session async for session in transcript.tree(user, root)]
+        last = {session.session_id: await transcript.last_message_id(user, session.session_id) for session in sessions}
+        generations = {session.session_id: session.history_generation for session in sessions}
+        cuts.append(TreeCut(root, tuple(session.session_id for session in sessions), last, generations))
     return cuts

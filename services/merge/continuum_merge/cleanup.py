@@ -8,7 +8,7 @@ operations left behind.
   its own copies of the originals.
 - `reconcile` (`python -m continuum_merge cleanup`, the CronJob) does the same for every completed
   operation whose target is gone, finishes the cleanup of cancelled operations whose writer stopped
-  (claims, an unpublished target, the directory), and removes directories no operation owns. It reads
+  (claims, an unpublished target, the directory), and removes operation directories no operation owns. It reads
   merge's database first: when that fails it removes nothing.
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,9 @@ from continuum_runtime.database import Database
 logger = logging.getLogger("continuum.merge")
 
 CONSUMER = "merge.session-events"
+# What an operation's directory is named (its id, a uuid4 in hex): anything else under the package root
+# (a volume's lost+found, an operator's notes) is never taken for a stray.
+OPERATION_DIRECTORY = re.compile(r"^[0-9a-f]{32}$")
 # Operations read per query while reconciling.
 PAGE = 200
 
@@ -160,4 +164,8 @@ def _directories(package_root: Path) -> list[str]:
     """The names of the operation directories under the package root (none when it does not exist)."""
     if not package_root.is_dir():
         return []
-    return sorted(entry.name for entry in package_root.iterdir() if entry.is_dir() and not entry.is_symlink())
+    return sorted(
+        entry.name
+        for entry in package_root.iterdir()
+        if OPERATION_DIRECTORY.match(entry.name) and entry.is_dir() and not entry.is_symlink()
+    )

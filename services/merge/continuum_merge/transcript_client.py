@@ -100,19 +100,19 @@ class TranscriptClient:
                 return None
             raise
 
-    async def tree(self, user: str, root_session_id: str) -> AsyncIterator[str]:
+    async def tree(self, user: str, root_session_id: str) -> AsyncIterator[tpb.Session]:
         """Every live session of a tree, the root first, then children breadth-first (paged)."""
-        pending = [root_session_id]
+        pending = [await self.get_session(user, root_session_id)]
         while pending:
-            session_id = pending.pop(0)
-            yield session_id
+            session = pending.pop(0)
+            yield session
             token = ""
             while True:
                 request = api.ListSessionsRequest(
-                    page_size=SESSIONS_PAGE, page_token=token, parent_session_id=session_id
+                    page_size=SESSIONS_PAGE, page_token=token, parent_session_id=session.session_id
                 )
                 response: api.ListSessionsResponse = await self._call(self._stub.ListSessions, request, user)
-                pending.extend(child.session_id for child in response.sessions)
+                pending.extend(response.sessions)
                 token = response.next_page_token
                 if not token:
                     break

@@ -228,6 +228,14 @@ class OperationRun:
         except (TranscriptUnavailable, ProviderError) as error:
             code = "SOURCE_BUSY" if isinstance(error, TranscriptUnavailable) else "PROVIDER_UNAVAILABLE"
             await self._stop_for(StageStop(code, "a dependency is unavailable; retrying", "retry"))
+        except Exception as error:
+            # A bug (or a refusal nobody expected) must not spin: the operation waits and is retried, by
+            # this or another replica, possibly after a fix is deployed. Only the type is logged.
+            logger.error(
+                "merge run failed unexpectedly",
+                extra={"operation_id": self._fence.operation_id, "error": type(error).__name__},
+            )
+            await self._stop_for(StageStop("", "", "retry"))
         finally:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -61,13 +61,11 @@ def merge_settings(tmp_path: Path, database_url: str, transcript_port: int, **ov
 
 
 @dataclass
-class MergeStack:
-    """Transcript and merge, with clients acting for any user, and merge's database."""
+class MergeClient:
+    """Clients of transcript and merge acting for any user, and merge's database."""
 
     transcript: TranscriptClient
     stub: api_grpc.MergeServiceStub
-    service: GrpcService
-    settings: MergeSettings
     database: Database
 
     def user(self, name: str = OWNER) -> tuple[tuple[str, str], ...]:
@@ -128,6 +126,14 @@ class MergeStack:
             assert await store.pause(connection, fence, code, "paused by the test", 0, failed=False)
 
 
+@dataclass
+class MergeStack(MergeClient):
+    """A merge service started in this process, with its settings."""
+
+    service: GrpcService
+    settings: MergeSettings
+
+
 @asynccontextmanager
 async def running_merge(
     tmp_path: Path,
@@ -166,7 +172,7 @@ async def running_merge_service(
     channel = open_channel(f"127.0.0.1:{service.port}")
     database = Database(settings.resolved_database_url("merge"), schema="merge")
     try:
-        yield MergeStack(transcript, api_grpc.MergeServiceStub(channel), service, settings, database)
+        yield MergeStack(transcript, api_grpc.MergeServiceStub(channel), database, service, settings)
     finally:
         await database.dispose()
         await channel.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import uuid
 from pathlib import Path
 
 from deadline_testing import eventually
@@ -17,6 +18,8 @@ from transcript_testing import running_transcript
 from continuum.merge.v1 import merge_service_pb2 as api
 from continuum.merge.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as tapi
+from continuum_merge.cleanup import forget_target
+from continuum_merge.server import open_transcript
 from continuum_merge.snapshot import verify_snapshot
 from continuum_merge.worker import UNIT_BEFORE_COMMIT
 
@@ -83,7 +86,8 @@ async def test_cleanup_command_reconciles_what_was_missed_and_keeps_everything_w
 
 async def reconciled(stack: MergeStack, kept: pb.MergeOperation, tmp_path: Path, database_url: str) -> None:
     root = stack.settings.resolved_package_root()
-    (root / "op_stray" / "staging").mkdir(parents=True)
+    (root / uuid.uuid4().hex / "staging").mkdir(parents=True)
+    (root / "lost+found").mkdir()
     cancelled_id = (await stack.start(["a", "b"], key="key-3")).operation.progress.operation_id
     await stack.stub.CancelMerge(api.CancelMergeRequest(operation_id=cancelled_id), metadata=stack.user())
     # What a cancelled operation whose writer crashed leaves behind.
@@ -97,7 +101,7 @@ async def reconciled(stack: MergeStack, kept: pb.MergeOperation, tmp_path: Path,
     code, output = await cleanup_command(stack)
     assert code == 0, output
     remaining = sorted(path.name for path in root.iterdir())
-    assert remaining == [kept.progress.operation_id], output
+    assert remaining == sorted([kept.progress.operation_id, "lost+found"]), output
     verify_snapshot(root / kept.progress.operation_id)
     await stack.run_claim("a")
 
@@ -125,3 +129,24 @@ async def test_a_cancelled_operation_loses_its_directory_once_its_writer_stopped
         operation = await stack.get(operation_id)
         assert operation.progress.status == pb.MERGE_STATUS_CANCELLED and not operation.progress.target_available
         assert not await merged_sessions(stack.transcript)
+
+
+async def test_an_event_naming_a_live_target_or_a_package_already_gone_removes_nothing(
+    tmp_path: Path, database_url: str
+) -> None:
+    async with running_merge(tmp_path, database_url, overrides=FAST) as stack:
+        root = stack.settings.resolved_package_root()
+        await two_sources(stack.transcript)
+        operation = await merged(stack, ["a", "b"], "key-1")
+        client = open_transcript(stack.settings)
+        try:
+            target = operation.progress.target_session_id
+            assert not await forget_target(stack.database, client, root, target)
+            verify_snapshot(root / operation.progress.operation_id)
+            assert not await forget_target(stack.database, client, root, "a")
+            await delete(stack, target)
+            await eventually(lambda: not (root / operation.progress.operation_id).exists(), what="the removal")
+            # The same event replayed: the package is gone already, nothing else is touched.
+            assert not await forget_target(stack.database, client, root, target)
+        finally:
+            await client.close()

@@ -24,6 +24,8 @@ from stages_testing import (
 )
 from transcript_testing import TranscriptClient, append, running_transcript, user
 
+from continuum.merge.v1 import error_code_pb2
+from continuum.merge.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as tapi
 from continuum_merge import store
@@ -119,6 +121,29 @@ async def test_kill_9_at_a_failpoint_then_restart_completes_once(
     # Every unit's model call ran once; a result computed but not committed is computed once more.
     again = 1 if failpoint == UNIT_BEFORE_COMMIT else 0
     assert units > 1 and outcomes == Counter({"completed": units + again})
+
+
+async def test_a_sealed_package_damaged_while_the_process_was_down_pauses_and_is_never_rebuilt(
+    transcript: TranscriptClient, settings: MergeSettings, database: Database
+) -> None:
+    async with merge_process(settings, MERGE_CRASH_AT=UNIT_AFTER_COMMIT, MERGE_INSTANCE_ID="m1") as doomed:
+        operation_id = await doomed.start(["a", "b"])
+        assert await doomed.process.wait() == -signal.SIGKILL
+    raw = next((settings.resolved_package_root() / operation_id / "snapshot" / "raw").iterdir())
+    raw.write_bytes(raw.read_bytes() + b" ")
+
+    async with merge_process(settings, MERGE_INSTANCE_ID="m1") as restarted:
+
+        async def paused() -> bool:
+            return (await restarted.get(operation_id)).progress.status == pb.MERGE_STATUS_PAUSED
+
+        await eventually(paused, what="the merge to pause", seconds=60)
+        progress = (await restarted.get(operation_id)).progress
+    assert progress.error_code == error_code_pb2.PACKAGE_DAMAGED and progress.snapshot_sealed
+    async with database.connection() as connection:
+        stored = await store.load(connection, operation_id)
+    assert stored is not None and stored.snapshot_version == 1 and stored.claim_id is None
+    assert not await merged_sessions(transcript)
 
 
 async def test_two_processes_on_postgres_the_other_finishes_after_the_worker_is_killed(

@@ -348,3 +348,31 @@ async def test_a_history_rewritten_after_the_cut_is_not_copied(tmp_path: Path, d
                 assert not progress.locked_source_session_ids
         finally:
             await client.close()
+
+
+async def test_a_source_deleted_before_the_copy_fails_the_merge_source_missing(
+    tmp_path: Path, database_url: str
+) -> None:
+    async with running_transcript(tmp_path, database_url) as transcript:
+        client = open_transcript(merge_settings(tmp_path, database_url, transcript.service.port))
+        hold = Hold("snapshot")
+        try:
+            async with running_merge_service(
+                tmp_path, database_url, transcript, pipeline=HeldSnapshot(client, hold), overrides=FAST
+            ) as stack:
+                await two_sources(stack.transcript)
+                operation_id = (await stack.start(["a", "b"])).operation.progress.operation_id
+                await asyncio.wait_for(hold.reached.wait(), 60)
+                await transcript.stub.DeleteSession(tapi.DeleteSessionRequest(session_id="b"), metadata=stack.user())
+                hold.release.set()
+
+                async def failed() -> bool:
+                    return (await stack.get(operation_id)).progress.status == pb.MERGE_STATUS_FAILED
+
+                await eventually(failed, what="the merge to fail", seconds=60)
+                progress = (await stack.get(operation_id)).progress
+                assert progress.error_code == error_code_pb2.SOURCE_MISSING and not progress.can_resume
+                assert not progress.locked_source_session_ids
+                await stack.run_claim("a")
+        finally:
+            await client.close()

@@ -8,7 +8,7 @@ merge process):
 `build` does what the merge worker does around the copy: it takes transcript's MERGE claims on every
 root's tree (all or nothing; renewed while it copies), records each tree's cut, seals the package and
 releases the claims. The service token comes from MERGE_SERVICE_TOKEN. Each command prints one JSON
-line: the sealed snapshot, with the process's peak RSS in MiB.
+line: the sealed snapshot, with the wall and CPU seconds it took and the process's peak RSS in MiB.
 """
 
 from __future__ import annotations
@@ -53,7 +53,13 @@ def _peak_rss_mib() -> float:
 
 
 def _report(sealed: SealedSnapshot, seconds: float) -> None:
-    line = {**asdict(sealed), "seconds": round(seconds, 3), "peak_rss_mib": round(_peak_rss_mib(), 1)}
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    line = {
+        **asdict(sealed),
+        "seconds": round(seconds, 3),
+        "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 3),
+        "peak_rss_mib": round(_peak_rss_mib(), 1),
+    }
     sys.stdout.write(json.dumps(line) + "\n")
 
 

@@ -49,6 +49,8 @@ from continuum_merge.snapshot.writer import (
     sync_tree,
 )
 
+# Pages of messages read ahead of the one being written.
+PAGES_AHEAD = 3
 # An attachment whose bytes differ from transcript's recorded digest is read once more, then refused.
 ATTACHMENT_READS = 2
 
@@ -171,16 +173,28 @@ def _add_session(writer: PackageWriter, session: tpb.Session) -> None:
 
 
 async def _pages_ahead(pages: AsyncIterator[list[tpb.Message]]) -> AsyncIterator[list[tpb.Message]]:
-    """`pages`, with the next one already being fetched while the caller works on the current one."""
-    upcoming: asyncio.Future[list[tpb.Message] | None] = asyncio.ensure_future(anext(pages, None))
+    """`pages`, read by a task that stays up to PAGES_AHEAD pages ahead of the caller, so transcript
+    keeps working while the caller writes (memory: that many pages more)."""
+    ready: asyncio.Queue[list[tpb.Message] | BaseException | None] = asyncio.Queue(maxsize=PAGES_AHEAD)
+
+    async def fetch() -> None:
+        try:
+            async for page in pages:
+                await ready.put(page)
+        except Exception as error:
+            await ready.put(error)
+            return
+        await ready.put(None)
+
+    fetching = asyncio.create_task(fetch())
     try:
-        while (page := await upcoming) is not None:
-            upcoming = asyncio.ensure_future(anext(pages, None))
+        while (page := await ready.get()) is not None:
+            if isinstance(page, BaseException):
+                raise page
             yield page
     finally:
-        if not upcoming.done():
-            upcoming.cancel()
-            await asyncio.gather(upcoming, return_exceptions=True)
+        fetching.cancel()
+        await asyncio.gather(fetching, return_exceptions=True)
         aclose = getattr(pages, "aclose", None)
         if aclose is not None:
             await aclose()

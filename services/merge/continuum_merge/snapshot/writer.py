@@ -32,7 +32,7 @@ from continuum_merge.snapshot.records import PreparedRecord, canonical, utf8_par
 # Free space is asked again after at most this many bytes were written since the last look.
 RESERVE_CHECK_BYTES = 4 * 1024 * 1024
 STREAM_BUFFER_BYTES = 1024 * 1024
-WRITER_THREADS = 4
+WRITER_THREADS = 8
 
 
 # glibc's mallopt parameter and the size from which allocations are always their own mapping.
