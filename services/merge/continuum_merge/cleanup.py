@@ -6,6 +6,8 @@ operations left behind.
   transcript confirms the target is gone (a replayed event removes nothing twice; an event about a
   live session removes nothing). Only the target's own package goes: a later merge that read it keeps
   its own copies of the originals.
+- `CancelledSweeper` finishes, every little while, the cleanup of cancelled operations whose writer
+  stopped (a run cleans up after its own cancel; a cancel of a paused operation has no run).
 - `reconcile` (`python -m continuum_merge cleanup`, the CronJob) does the same for every completed
   operation whose target is gone, finishes the cleanup of cancelled operations whose writer stopped
   (claims, an unpublished target, the directory), and removes operation directories no operation owns. It reads
@@ -115,6 +117,55 @@ class SessionEventsConsumer:
                 await store.save_cursor(connection, CONSUMER, event.event_id, self._clock.now_ms())
 
 
+async def sweep_cancelled(database: Database, transcript: TranscriptClient, package_root: Path, clock: Clock) -> int:
+    """Finish the cleanup of every cancelled operation whose writer stopped and that still holds something
+    (a cancel of a paused operation has no run that would); how many were cleaned."""
+    cleaned = 0
+    after = ""
+    while True:
+        async with database.connection() as connection:
+            page = await store.cancelled_with_free_lease(connection, after, PAGE)
+        if not page:
+            return cleaned
+        for operation in page:
+            package = package_root / operation.operation_id
+            if _left_over(operation, await asyncio.to_thread(package.exists)):
+                await cleanup_cancelled(transcript, database, clock, operation, package)
+                cleaned += 1
+        after = page[-1].operation_id
+
+
+class CancelledSweeper:
+    """Sweeps cancelled operations every `interval_seconds` until stopped (a failed sweep is retried at
+    the next one)."""
+
+    def __init__(
+        self,
+        database: Database,
+        transcript: TranscriptClient,
+        package_root: Path,
+        interval_seconds: float,
+        clock: Clock,
+    ) -> None:
+        self._database = database
+        self._transcript = transcript
+        self._package_root = package_root
+        self._interval = interval_seconds
+        self._clock = clock
+
+    async def run(self) -> None:
+        """Sweep forever (cancel to stop)."""
+        while True:
+            try:
+                cleaned = await sweep_cancelled(self._database, self._transcript, self._package_root, self._clock)
+            except Exception as error:
+                logger.warning("cancelled operations sweep failed", extra={"error": type(error).__name__})
+            else:
+                if cleaned:
+                    logger.info("cleaned cancelled operations", extra={"count": cleaned})
+            await self._clock.sleep(self._interval)
+
+
 @dataclass(frozen=True)
 class Reconciled:
     """What one reconcile removed."""
@@ -128,7 +179,7 @@ async def reconcile(database: Database, transcript: TranscriptClient, package_ro
     """Remove what the consumer and the workers missed, a page of operations at a time. A directory is
     removed as a stray only after the database answered that no operation owns it: when the database
     cannot be read, the error propagates and nothing more is removed."""
-    targets = cancelled = strays = 0
+    targets = strays = 0
     after = ""
     while True:
         async with database.connection() as connection:
@@ -140,10 +191,8 @@ async def reconcile(database: Database, transcript: TranscriptClient, package_ro
             present = await asyncio.to_thread(package.exists)
             if operation.status == "completed" and present:
                 targets += await _forget_gone_target(transcript, package_root, operation)
-            elif operation.status == "cancelled" and operation.lease_owner is None and _left_over(operation, present):
-                await cleanup_cancelled(transcript, database, clock, operation, package)
-                cancelled += 1
         after = page[-1].operation_id
+    cancelled = await sweep_cancelled(database, transcript, package_root, clock)
     names = await asyncio.to_thread(_directories, package_root)
     for name in names:
         # A directory is created only after its operation's row: one without a row belongs to nobody.

@@ -14,7 +14,7 @@ import grpc
 
 from continuum.merge.v1 import merge_service_pb2_grpc as api_grpc
 from continuum_merge import SERVICE_NAME
-from continuum_merge.cleanup import SessionEventsConsumer
+from continuum_merge.cleanup import CancelledSweeper, SessionEventsConsumer
 from continuum_merge.operations import Operations, WorkerSignals
 from continuum_merge.pipeline import Pipeline
 from continuum_merge.servicer import MergeServicer
@@ -141,6 +141,11 @@ async def start(
             database, transcript, settings.resolved_package_root(), settings.events_retry_seconds, clock
         )
         tasks.append(asyncio.create_task(consumer.run()))
+    if settings.worker_enabled:
+        sweeper = CancelledSweeper(
+            database, transcript, settings.resolved_package_root(), settings.cancel_sweep_seconds, clock
+        )
+        tasks.append(asyncio.create_task(sweeper.run()))
 
     async def stop_tasks() -> None:
         for task in tasks:

@@ -66,6 +66,8 @@ class MergeSettings(ServiceSettings):
     consume_session_events: bool = True
     # Pause before re-watching transcript's events after the stream broke.
     events_retry_seconds: float = Field(default=2.0, gt=0)
+    # How often cancelled operations without a run (cancelled while paused) are cleaned up.
+    cancel_sweep_seconds: float = Field(default=30.0, gt=0)
 
     # MERGE_PROVIDER__KIND=openai, MERGE_PROVIDER__BASE_URL=..., etc.; offline by default.
     provider: ProviderSettings = ProviderSettings()

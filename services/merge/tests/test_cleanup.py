@@ -150,3 +150,22 @@ async def test_an_event_naming_a_live_target_or_a_package_already_gone_removes_n
             assert not await forget_target(stack.database, client, root, target)
         finally:
             await client.close()
+
+
+async def test_a_paused_operation_cancelled_loses_its_directory_without_a_run(
+    tmp_path: Path, database_url: str
+) -> None:
+    overrides = {**FAST, "disk_reserve_bytes": 2**62, "cancel_sweep_seconds": 0.2}
+    async with running_merge(tmp_path, database_url, overrides=overrides) as stack:
+        await two_sources(stack.transcript)
+        operation_id = (await stack.start(["a", "b"])).operation.progress.operation_id
+
+        async def paused() -> bool:
+            return (await stack.get(operation_id)).progress.status == pb.MERGE_STATUS_PAUSED
+
+        await eventually(paused, what="the merge to pause short of disk")
+        package = stack.settings.resolved_package_root() / operation_id
+        assert (package / "staging").is_dir()
+        await stack.stub.CancelMerge(api.CancelMergeRequest(operation_id=operation_id), metadata=stack.user())
+        await eventually(lambda: not package.exists(), what="the cancelled operation's staging copy to go")
+        await stack.run_claim("a")

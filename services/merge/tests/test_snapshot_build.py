@@ -4,6 +4,7 @@ projections, attachments' original bytes, hashes, verification, gaps, dedupe and
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -192,10 +193,14 @@ async def test_repeat_merge_keeps_originals_and_folds_duplicates(tmp_path: Path,
     assert message_refs(second, "a").keys() == {*written["a"], *a_new}
     occurrences = rows(second, "occurrences.jsonl")
     folded = {row["recordRef"] for row in occurrences if row.get("sessionId") in ("a", "a1")}
-    # a's tree as op-1 sealed it (sessions and messages) is read again directly: each one an occurrence.
-    assert folded == {
-        row["recordRef"] for row in rows(first, "records.jsonl") if row["origin"]["sessionId"] in ("a", "a1")
-    }
+    # a's tree as op-1 sealed it is read again directly: its messages and a1 (whose cut did not move)
+    # are occurrences; a itself, cut later, is a second version of its session record.
+    first_tree = [row for row in rows(first, "records.jsonl") if row["origin"]["sessionId"] in ("a", "a1")]
+    assert folded == {row["recordRef"] for row in first_tree if row["origin"]["recordId"] != "a"}
+    a_versions = [
+        row for row in second_records if row["origin"] == {**row["origin"], "kind": "session", "recordId": "a"}
+    ]
+    assert len(a_versions) == 2
     # The attachment came over from op-1's package, bytes intact.
     assets = [row for row in rows(second, "files.jsonl") if row["kind"] == "asset"]
     assert {row["sha256"] for row in assets} == {sha256_hex(PNG)}
@@ -208,7 +213,7 @@ async def test_verify_finds_every_kind_of_damage(tmp_path: Path, database_url: s
         await _two_trees(sources)
         cuts = await sources.cuts("a", "b")
         package = tmp_path / "op"
-        for damage in ("altered", "removed", "stray", "symlink", "manifest"):
+        for damage in ("altered", "removed", "stray", "symlink", "manifest", "directory", "malformed"):
             await build_snapshot(sources.reader, cuts, package, version=1, disk_reserve_bytes=0)
             snapshot = package / "snapshot"
             text_file = next((snapshot / "text").iterdir())
@@ -218,6 +223,10 @@ async def test_verify_finds_every_kind_of_damage(tmp_path: Path, database_url: s
                 text_file.unlink()
             elif damage == "stray":
                 (snapshot / "raw" / ("0" * 64 + ".json")).write_bytes(b"{}")
+            elif damage == "directory":
+                shutil.rmtree(snapshot / "assets")
+            elif damage == "malformed":
+                (snapshot / "seal.json").write_bytes(b'{"format": 1, "manifestHash": []}')
             elif damage == "symlink":
                 text_file.unlink()
                 text_file.symlink_to(next((snapshot / "raw").iterdir()))

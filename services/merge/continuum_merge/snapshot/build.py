@@ -1,11 +1,13 @@
 """Building a snapshot: copy every source tree up to its cut into staging/, then seal.
 
-The copy never holds more than a page of messages (and one attachment chunk) in memory: the next page
-is fetched while the current one is written in a worker thread. Records are deduplicated by identity
-and version against the raw files already written (the file system is the set). A source that is
+The copy holds a bounded number of message pages in memory (a few read ahead, one being prepared, one
+whose files the writer threads are creating) and one attachment chunk, never a session's history.
+Records are deduplicated by identity and version against the raw files already written (the file system
+is the set). A source that is
 itself a completed merge target contributes its own package's originals first, keeping their identity
 and version, then its messages. The seal is: every stream closed, manifest.json and seal.json written,
-the file system synced, staging/ renamed to snapshot/ and the package directory synced.
+every file fsynced as it was closed and every directory after, staging/ renamed to snapshot/ and the
+package directory synced.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import shutil
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,7 @@ from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum_merge.snapshot.errors import PackageDamaged, SourceChanged, SourceMissing
 from continuum_merge.snapshot.layout import (
     AFTER_SEAL,
+    ASSETS_DIR,
     BEFORE_SEAL,
     FILES,
     FORMAT,
@@ -29,10 +33,12 @@ from continuum_merge.snapshot.layout import (
     MERGE_OPERATION_KEY,
     OCCURRENCES,
     OPERATION_ID,
+    RAW_DIR,
     RECORDS,
     SEAL,
     SNAPSHOT,
     STAGING,
+    TEXT_DIR,
     SealedSnapshot,
     SourceCut,
     raw_path,
@@ -46,7 +52,7 @@ from continuum_merge.snapshot.writer import (
     fresh_directory,
     pin_allocator_threshold,
     sync_directory,
-    sync_tree,
+    write_durable,
 )
 
 # Pages of messages read ahead of the one being written.
@@ -96,14 +102,16 @@ async def build_snapshot(
         "format": FORMAT,
         "version": version,
         "operationId": package_dir.name,
+        # Only the roots: each session's cut is in its session record.
         "sources": [
             {
                 "rootSessionId": source.root_session_id,
                 "sessionCount": len(source.session_ids),
-                "cut": {session_id: source.last_message_ids.get(session_id, 0) for session_id in source.session_ids},
+                "lastMessageId": source.last_message_ids.get(source.root_session_id, 0),
             }
             for source in sources
         ],
+        "priorOperationIds": writer.priors,
         "streams": {name: stream.describe() for name, stream in writer.streams.items()},
         "byteCount": writer.byte_count,
         "blockingRecordRefs": writer.blocking,
@@ -117,16 +125,18 @@ def _seal(package_dir: Path, manifest: dict[str, Any], failpoint: Callable[[str]
     staging = package_dir / STAGING
     manifest_bytes = json.dumps(manifest, sort_keys=True, ensure_ascii=False, indent=1).encode()
     snapshot_hash = sha256_hex(manifest_bytes)
-    (staging / MANIFEST).write_bytes(manifest_bytes)
+    write_durable(staging / MANIFEST, manifest_bytes)
     seal = {"format": FORMAT, "version": manifest["version"], "manifestHash": snapshot_hash}
-    (staging / SEAL).write_bytes(canonical(seal))
-    sync_tree(staging)
+    write_durable(staging / SEAL, canonical(seal))
+    # Every file was fsynced as it was closed; their directory entries now.
+    for directory in (RAW_DIR, TEXT_DIR, ASSETS_DIR):
+        sync_directory(staging / directory)
+    sync_directory(staging)
     failpoint(BEFORE_SEAL)
     snapshot = package_dir / SNAPSHOT
     if snapshot.exists():
         # A snapshot sealed by an attempt that was never recorded: this attempt replaces it.
-        fresh_directory(snapshot)
-        snapshot.rmdir()
+        shutil.rmtree(snapshot)
     staging.rename(snapshot)
     sync_directory(package_dir)
     records = manifest["streams"][RECORDS]["count"]
@@ -152,8 +162,8 @@ async def _copy_source(reader: SourceReader, source: SourceCut, writer: PackageW
         generation = source.history_generations.get(session_id, session.history_generation)
         if session.history_generation != generation:
             raise SourceChanged(session_id, "its history was rewritten after the cut")
-        await asyncio.to_thread(_add_session, writer, session)
         cut = source.last_message_ids.get(session_id, 0)
+        await asyncio.to_thread(_add_session, writer, session, cut)
         if cut > 0:
             await _copy_messages(reader, writer, session, cut)
             # Pages are separate reads: an edit between two of them would splice two histories.
@@ -162,8 +172,8 @@ async def _copy_source(reader: SourceReader, source: SourceCut, writer: PackageW
                 raise SourceChanged(session_id, "its history was rewritten or deleted during the copy")
 
 
-def _add_session(writer: PackageWriter, session: tpb.Session) -> None:
-    record = prepare_session(session)
+def _add_session(writer: PackageWriter, session: tpb.Session, cut: int) -> None:
+    record = prepare_session(session, cut)
     if writer.has_record(record.record_ref):
         writer.occurrence(
             {"recordRef": record.record_ref, "sessionId": session.session_id, "recordId": session.session_id}
@@ -205,8 +215,8 @@ async def _copy_messages(reader: SourceReader, writer: PackageWriter, session: t
         assets: dict[str, dict[str, Any] | None] = {}
         for message in page:
             for part in message.content:
-                attachment_id = part.attachment.attachment_id
-                if part.WhichOneof("part") == "attachment" and attachment_id not in assets:
+                if part.WhichOneof("part") == "attachment" and part.attachment.attachment_id not in assets:
+                    attachment_id = part.attachment.attachment_id
                     assets[attachment_id] = await _copy_asset(reader, writer, session.session_id, attachment_id)
         await asyncio.to_thread(_write_page, writer, page, session.root_session_id, assets)
 
@@ -290,6 +300,7 @@ def _import_prior(writer: PackageWriter, package_dir: Path, operation_id: str, s
         return
     verify_snapshot(prior.parent)
     writer.flush()
+    writer.priors.append(operation_id)
     files = itertools.groupby(iter_jsonl(prior / FILES), key=lambda row: row["recordRef"])
     for record in iter_jsonl(prior / RECORDS):
         ref = record["recordRef"]

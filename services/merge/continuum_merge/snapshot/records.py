@@ -145,10 +145,13 @@ def projected_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
     return dict(metadata)
 
 
-def prepare_session(session: tpb.Session) -> PreparedRecord:
-    """A session of a source tree as a reference record: where it sits and what it was called."""
+def prepare_session(session: tpb.Session, last_message_id: int) -> PreparedRecord:
+    """A session of a source tree at the cut as a reference record: where it sits, what it was called,
+    and the cut (its last message and history generation), which is part of its version: the same
+    session cut later is another record."""
     kind = tpb.SessionKind.Name(session.kind).removeprefix("SESSION_KIND_")
     described = {
+        "cut": {"lastMessageId": last_message_id, "historyGeneration": session.history_generation},
         "kind": kind,
         "parentSessionId": session.parent_session_id,
         "rootSessionId": session.root_session_id,
@@ -166,6 +169,7 @@ def prepare_session(session: tpb.Session) -> PreparedRecord:
         f"[session {session.session_id} ({kind}) of tree {session.root_session_id}"
         f"{', parent ' + session.parent_session_id if session.parent_session_id else ''}]\n"
         f"title: {session.title}\nmodel: {session.model}\nworking directory: {session.working_directory}\n"
+        f"copied up to message {last_message_id}\n"
     )
     return PreparedRecord(ref, origin, "reference", created_at, REFERENCE, canonical(raw), text.encode())
 

@@ -75,7 +75,14 @@ def verify_snapshot(package_dir: Path) -> SealedSnapshot:
     """Check `<package_dir>/snapshot/` whole: the seal names the manifest's hash, the manifest names each
     stream's hash, count and size, files.jsonl names each file's size and hash, and the tree holds
     exactly the listed files (no symlinks, no strays). Returns what the seal stands for; PackageDamaged
-    on the first mismatch."""
+    on the first mismatch, and on anything unreadable or malformed."""
+    try:
+        return _verify(package_dir)
+    except (OSError, KeyError, TypeError, ValueError) as error:
+        raise PackageDamaged(str(package_dir), f"unreadable or malformed ({type(error).__name__})") from error
+
+
+def _verify(package_dir: Path) -> SealedSnapshot:
     package = str(package_dir)
     snapshot = package_dir / SNAPSHOT
     if snapshot.is_symlink() or not snapshot.is_dir():

@@ -40,12 +40,23 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 128 * 1024
 
 
+_LIBC = ctypes.CDLL(None)
+
+
+def release_free_memory() -> None:
+    """Hand the allocator's free pages back to the system (glibc's malloc_trim; a no-op elsewhere), so
+    the buffers of the pages already written do not pile up as resident memory over a long copy."""
+    trim = getattr(_LIBC, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
 def pin_allocator_threshold() -> None:
     """Keep glibc from raising its mmap threshold as large blocks are freed (its default): otherwise
     the copy's stream of 32 KiB-2 MiB buffers lands on the heap, which fragments and makes the process's
     memory creep with the history's size. A process-wide setting, harmless elsewhere; a no-op without
     glibc."""
-    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    mallopt = getattr(_LIBC, "mallopt", None)
     if mallopt is not None:
         mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
 
@@ -79,9 +90,9 @@ class JsonlStream:
         return len(line)
 
     def close(self) -> None:
-        """Flush and close (idempotent)."""
+        """Flush, fsync and close (idempotent)."""
         if not self._handle.closed:
-            self._handle.close()
+            durable_close(self._handle)
 
     def describe(self) -> dict[str, int | str]:
         """What the manifest records of the stream."""
@@ -112,8 +123,8 @@ class AssetCopy:
         return self._digest.hexdigest()
 
     def keep(self) -> str:
-        """Rename into assets/<sha256>; the package path."""
-        self._handle.close()
+        """Rename into assets/<sha256> once on disk; the package path."""
+        durable_close(self._handle)
         path = asset_path(self.sha256)
         os.replace(self._scratch, self._writer.staging / path)
         return path
@@ -135,6 +146,8 @@ class PackageWriter:
         self._scratch_count = 0
         self.byte_count = 0
         self.blocking: list[str] = []
+        # Operations whose packages contributed their originals.
+        self.priors: list[str] = []
         for directory in (RAW_DIR, TEXT_DIR, ASSETS_DIR):
             (staging / directory).mkdir(parents=True)
         self.streams = {name: JsonlStream(staging / name) for name in STREAMS}
@@ -187,6 +200,7 @@ class PackageWriter:
         self.flush()
         self._pending = submitted
         self._pending_refs = {record.record_ref for record, _, _ in submitted}
+        release_free_memory()
 
     def flush(self) -> None:
         """Wait for the files of the records in flight and write their files rows and records lines."""
@@ -220,11 +234,15 @@ class PackageWriter:
         """Copy one file of an earlier package into the same place here, hashing while copying; its sha256.
         (The caller counts its bytes from the earlier package's files row.)"""
         digest = hashlib.sha256()
-        with source.open("rb") as reading, (self.staging / path).open("xb") as writing:
-            while chunk := reading.read(STREAM_BUFFER_BYTES):
-                self.reserve(len(chunk))
-                digest.update(chunk)
-                writing.write(chunk)
+        with source.open("rb") as reading:
+            writing = (self.staging / path).open("xb")
+            try:
+                while chunk := reading.read(STREAM_BUFFER_BYTES):
+                    self.reserve(len(chunk))
+                    digest.update(chunk)
+                    writing.write(chunk)
+            finally:
+                durable_close(writing)
         return digest.hexdigest()
 
     def occurrence(self, row: Mapping[str, Any]) -> None:
@@ -244,9 +262,8 @@ class PackageWriter:
 
 
 def _write_new(path: Path, data: bytes) -> str:
-    """Create `path` (it must not exist) holding `data`; the sha256 of `data`."""
-    with path.open("xb") as handle:
-        handle.write(data)
+    """Create `path` (it must not exist) holding `data`, on disk; the sha256 of `data`."""
+    write_durable(path, data)
     return hashlib.sha256(data).hexdigest()
 
 
@@ -259,24 +276,19 @@ def fresh_directory(path: Path) -> None:
     path.mkdir(parents=True)
 
 
-def sync_tree(root: Path) -> None:
-    """Make every file under `root` durable: one syncfs(2) of its file system where the C library has
-    it, otherwise an fsync of each file and directory."""
-    descriptor = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        syncfs = getattr(ctypes.CDLL(None, use_errno=True), "syncfs", None)
-        if syncfs is not None and syncfs(descriptor) == 0:
-            return
-    finally:
-        os.close(descriptor)
-    for directory, _, names in os.walk(root):
-        for name in names:
-            file_descriptor = os.open(Path(directory) / name, os.O_RDONLY)
-            try:
-                os.fsync(file_descriptor)
-            finally:
-                os.close(file_descriptor)
-        sync_directory(Path(directory))
+def durable_close(handle: BinaryIO) -> None:
+    """Flush, fsync and close a file written here: every file of a package is on disk before the seal's
+    rename (fsync per file, by the writer threads, rather than syncing the whole file system)."""
+    handle.flush()
+    os.fsync(handle.fileno())
+    handle.close()
+
+
+def write_durable(path: Path, data: bytes) -> None:
+    """Create `path` (it must not exist) holding `data`, on disk when this returns."""
+    handle = path.open("xb")
+    handle.write(data)
+    durable_close(handle)
 
 
 def sync_directory(path: Path) -> None:
