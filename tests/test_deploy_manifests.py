@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings
 from continuum_cli.main import build_parser
 from continuum_compaction.settings import CompactionSettings
 from continuum_gateway.settings import GatewaySettings
+from continuum_merge.settings import MergeSettings
 from continuum_transcript.settings import TranscriptSettings
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
@@ -23,10 +24,11 @@ K8S = DEPLOY / "k8s"
 SETTINGS: dict[str, type[BaseSettings]] = {
     "TRANSCRIPT_": TranscriptSettings,
     "COMPACTION_": CompactionSettings,
+    "MERGE_": MergeSettings,
     "GATEWAY_": GatewaySettings,
 }
 # The gRPC services: each signs its page tokens with `<PREFIX>PAGE_TOKEN_SECRET`.
-SERVICES = {"transcript": "TRANSCRIPT_", "compaction": "COMPACTION_"}
+SERVICES = {"transcript": "TRANSCRIPT_", "compaction": "COMPACTION_", "merge": "MERGE_"}
 # How a manifest documents the keys of a Secret a container reads whole (envFrom).
 SECRET_KEYS = re.compile(r"^# Secret (\S+) keys: (.+)$", re.MULTILINE)
 
@@ -124,9 +126,8 @@ def test_every_address_names_a_service_port() -> None:
         for variable in container.get("env", [])
         if variable["name"].endswith("_ADDRESS")
     }
-    assert {"GATEWAY_TRANSCRIPT_ADDRESS", "GATEWAY_COMPACTION_ADDRESS", "COMPACTION_TRANSCRIPT_ADDRESS"} <= set(
-        addresses
-    )
+    expected = {"GATEWAY_TRANSCRIPT_ADDRESS", "GATEWAY_COMPACTION_ADDRESS", "GATEWAY_MERGE_ADDRESS"}
+    assert expected | {"COMPACTION_TRANSCRIPT_ADDRESS", "MERGE_TRANSCRIPT_ADDRESS"} <= set(addresses)
     for name, address in addresses.items():
         host, _, port = address.rpartition(":")
         assert int(port) in services.get(host, set()), f"{name}={address} is no Service port"
@@ -151,7 +152,7 @@ def test_every_deployment_listens_on_its_container_port_on_every_interface() -> 
 def test_every_migrating_service_has_a_migration_job_and_does_not_migrate_on_start() -> None:
     jobs = [c["command"] for d in _named("Job").values() for c in _containers(d)]
     image = (DEPLOY / "Dockerfile").read_text()
-    for service in ("transcript", "compaction"):
+    for service in ("transcript", "compaction", "merge"):
         assert ["continuum", "migrate", service] in jobs
         # The Job migrates; replicas starting together must not race to do it too.
         assert f"{service.upper()}_MIGRATE_ON_START=false" in image
@@ -206,3 +207,17 @@ def test_transcript_runs_one_replica_and_never_two_during_a_rollout() -> None:
 
     assert transcript["replicas"] == 1
     assert transcript["strategy"] == {"type": "Recreate"}
+
+
+def test_merge_replicas_and_its_cleanup_share_one_package_volume() -> None:
+    claims = _named("PersistentVolumeClaim")
+    assert claims["merge-packages"]["spec"]["accessModes"] == ["ReadWriteMany"]
+    for document in (_named("Deployment")["merge"], _named("CronJob")["merge-cleanup"]):
+        volumes = {v["name"]: v for v in _pod_spec(document)["volumes"]}
+        assert volumes["packages"]["persistentVolumeClaim"] == {"claimName": "merge-packages"}
+        [container] = _containers(document)
+        env = {v["name"]: v.get("value") for v in container["env"]}
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert env["MERGE_PACKAGE_ROOT"].startswith(mounts["packages"] + "/")
+    [cleanup] = _containers(_named("CronJob")["merge-cleanup"])
+    assert cleanup["command"] == ["python", "-m", "continuum_merge", "cleanup"]

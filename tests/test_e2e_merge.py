@@ -63,6 +63,6 @@ def test_up_merges_two_sessions_into_a_private_package_and_cleanup_merge_runs(ru
     elsewhere.mkdir()
     cleanup = operator_command(run, ["cleanup", "merge", "--data-dir", str(run.data_dir)], cwd=elsewhere)
     assert run.operator_processes[-1].wait(timeout=COMMAND_TIMEOUT) == 0, cleanup.read_text() + run.diagnostics()
-    assert "removed 0 deleted target package(s)" in cleanup.read_text()
+    assert "checked 1 package(s); removed 0" in cleanup.read_text()
     assert package.is_dir()
     run.stop()

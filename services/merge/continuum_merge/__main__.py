@@ -1,13 +1,11 @@
 """`python -m continuum_merge serve|migrate|cleanup`: the service, its migration Job, and the reconciling
-cleanup (a CronJob) for what the event consumer and the workers missed."""
+cleanup (a CronJob) of packages whose target was deleted or whose operation was cancelled."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import sys
-
-from sqlalchemy.exc import SQLAlchemyError
 
 from continuum_merge import SERVICE_NAME
 from continuum_merge.cleanup import reconcile
@@ -27,18 +25,15 @@ async def _cleanup(settings: MergeSettings) -> None:
     database = open_database(settings)
     transcript = open_transcript(settings)
     try:
-        done = await reconcile(database, transcript, settings.resolved_package_root(), SystemClock())
-    except (MergeError, SQLAlchemyError, OSError) as error:
-        # Nothing more is removed; an operator's terminal wants the reason, not a traceback.
-        sys.stderr.write(f"cleanup failed, nothing more removed: {type(error).__name__}\n")
+        found = await reconcile(database, transcript, settings.resolved_package_root(), SystemClock())
+    except MergeError as error:
+        # An operator's terminal wants the reason, not a traceback; nothing was removed after it.
+        sys.stderr.write(f"cleanup failed: {error.message}\n")
         raise SystemExit(1) from error
     finally:
         await transcript.close()
         await database.dispose()
-    sys.stdout.write(
-        f"removed {done.target_packages} deleted target package(s), cleaned {done.cancelled} cancelled "
-        f"operation(s), removed {done.strays} stray director(ies)\n"
-    )
+    sys.stdout.write(f"checked {found.packages} package(s); removed {found.removed}\n")
 
 
 def main() -> None:
@@ -47,7 +42,7 @@ def main() -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("serve", help="run the gRPC service")
     commands.add_parser("migrate", help="bring the schema to head")
-    commands.add_parser("cleanup", help="remove packages and leftovers the event consumer and workers missed")
+    commands.add_parser("cleanup", help="remove packages of deleted targets and cancelled operations")
     arguments = parser.parse_args()
     settings = MergeSettings()
     configure_logging(settings.log_level, SERVICE_NAME)

@@ -27,6 +27,7 @@ from continuum_merge.errors import (
     PermissionDenied,
     SourceBusy,
     StaleOperation,
+    TranscriptUnavailable,
 )
 from continuum_merge.settings import MergeSettings
 from continuum_merge.store import Execution, Operation, Parameters
@@ -72,10 +73,21 @@ class Operations:
         self._clock = clock
 
     async def message(self, operation: Operation) -> pb.MergeOperation:
-        """The operation as an API message, with its unit progress."""
+        """The operation as an API message, with its unit progress; a completed operation's target is
+        available only while transcript still has it (a user may delete it)."""
         async with self._db.connection() as connection:
             counts = await store.unit_counts(connection, operation.operation_id)
-        return operation_message(operation, counts, self._clock.now_ms())
+        answer = operation_message(operation, counts, self._clock.now_ms())
+        if operation.status == "completed" and not await self._target_exists(operation):
+            answer.progress.target_available = False
+        return answer
+
+    async def _target_exists(self, operation: Operation) -> bool:
+        try:
+            return await self._transcript.find_session(operation.owner, operation.target_session_id) is not None
+        except TranscriptUnavailable:
+            # Unknown for now: a published target exists until someone deletes it.
+            return True
 
     async def _owned(self, user: str, operation_id: str) -> Operation:
         async with self._db.connection() as connection:

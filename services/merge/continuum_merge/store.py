@@ -776,21 +776,6 @@ async def cancelled_with_free_lease(connection: AsyncConnection, after: str, lim
 
 
 async def load_by_target(connection: AsyncConnection, target_session_id: str) -> Operation | None:
-    """The operation that reserved `target_session_id` (target ids are unique)."""
-    row = (
-        (
-            await connection.execute(
-                select(session_merges).where(session_merges.c.target_session_id == target_session_id)
-            )
-        )
-        .mappings()
-        .first()
-    )
-    return _operation(row)
-
-
-async def operations_after(connection: AsyncConnection, after: str, limit: int) -> list[Operation]:
-    """Operations of every user by id after `after`, at most `limit` (the cleanup reads them in pages)."""
-    table = session_merges
-    query = select(table).where(table.c.operation_id > after).order_by(table.c.operation_id).limit(limit)
-    return [Operation(**row) for row in (await connection.execute(query)).mappings()]
+    """The operation that reserved this target id, if any."""
+    query = select(session_merges).where(session_merges.c.target_session_id == target_session_id)
+    return _operation((await connection.execute(query)).mappings().first())

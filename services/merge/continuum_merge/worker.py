@@ -26,9 +26,11 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from continuum_merge import store
 from continuum_merge.admission import TreeChanged, claim_sources, cut_json, holder, parse_cut, read_cut
-from continuum_merge.errors import MergeError, SourceBusy, TranscriptUnavailable
+from continuum_merge.errors import MergeError, SourceBusy, TranscriptRefused, TranscriptUnavailable
 from continuum_merge.pipeline import Pipeline, Sealed, StageStop, UnitSplit
 from continuum_merge.settings import MergeSettings
 from continuum_merge.store import Fence, Operation
@@ -146,7 +148,8 @@ class Worker:
                 await self._take_work()
             except MergeError as error:
                 logger.warning("looking for merge work failed", extra={"reason": error.reason})
-            except OSError as error:
+            except (OSError, SQLAlchemyError) as error:
+                # The database is unreachable for now: look again at the next poll.
                 logger.warning("looking for merge work failed", extra={"error": type(error).__name__})
             waiter = asyncio.ensure_future(self._wake.wait())
             sleeper = asyncio.ensure_future(self._clock.sleep(self._settings.worker_poll_seconds))
@@ -251,15 +254,18 @@ class OperationRun:
             try:
                 async with self._db.transaction() as connection:
                     renewed = await store.renew_lease(connection, self._fence, self._clock.now_ms(), ttl_ms)
-            except OSError:
-                # The database is unreachable: keep running until the lease would lapse anyway.
-                continue
-            if not renewed:
-                main.cancel()
-                return
-            if self._claim is not None and self._clock.monotonic() >= claim_due:
-                claim_due = self._clock.monotonic() + self._settings.claim_renew_seconds
-                await self._renew_claim()
+                if not renewed:
+                    main.cancel()
+                    return
+                if self._claim is not None and self._clock.monotonic() >= claim_due:
+                    claim_due = self._clock.monotonic() + self._settings.claim_renew_seconds
+                    await self._renew_claim()
+            except (OSError, SQLAlchemyError) as error:
+                # The database is unreachable: keep running; the lease lapses by itself if this lasts.
+                logger.warning(
+                    "merge lease not renewed",
+                    extra={"operation_id": self._fence.operation_id, "error": type(error).__name__},
+                )
 
     async def _renew_claim(self) -> None:
         claim = self._claim
@@ -309,8 +315,9 @@ class OperationRun:
         """Claim the sources (unless this run's admission still holds them), record the cut, copy, seal,
         record the seal, release every claim at once."""
         sources = operation.parameters.source_session_ids
-        if operation.claim_id is not None and operation.locked_roots(self._clock.now_ms()) and operation.cut_json:
-            self._claim = HeldClaim(operation.claim_id, tuple(operation.locked_roots(self._clock.now_ms())), 0)
+        held = await self._still_held(operation)
+        if held is not None and operation.cut_json:
+            self._claim = held
             cuts = parse_cut(operation.cut_json)
         else:
             # After a pause or a crash the old claim may have lapsed and the sources moved on: claim
@@ -350,6 +357,22 @@ class OperationRun:
         await self._failpoint(SEAL_AFTER_RECORD)
         await self._release_claims()
         self._block_on(sealed)
+
+    async def _still_held(self, operation: Operation) -> HeldClaim | None:
+        """The claim the admission (or an earlier run) recorded, if transcript still holds it: renewing
+        it is the proof (a lapsed claim may have let a turn change the sources since the cut)."""
+        if operation.claim_id is None or not operation.locked_roots(self._clock.now_ms()):
+            return None
+        try:
+            renewed = await self._transcript.renew_claim(
+                operation.owner, operation.claim_id, self._settings.claim_ttl_seconds
+            )
+        except TranscriptRefused:
+            return None
+        async with self._db.transaction() as connection:
+            if not await store.renew_claim(connection, self._fence, renewed.expire_ms, self._clock.now_ms()):
+                raise Superseded(operation.operation_id)
+        return renewed
 
     async def _sealed_again(self, operation: Operation) -> None:
         """A run after the seal was recorded: the claims must be gone, the package must still match."""
@@ -530,7 +553,7 @@ class OperationRun:
                 operation = await store.load(connection, self._fence.operation_id)
             if operation is not None and operation.status == "cancelled":
                 await cleanup_cancelled(self._transcript, self._db, self._clock, operation, self._package)
-        except (MergeError, OSError) as error:
+        except (MergeError, OSError, SQLAlchemyError) as error:
             # The lease lapses by itself; the cleanup sweep retries what is left.
             logger.warning(
                 "merge run not finished cleanly",

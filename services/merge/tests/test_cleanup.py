@@ -1,171 +1,78 @@
-"""Cleanup: a deleted target's package goes (only its own), through the session-events consumer or the
-reconciling `python -m continuum_merge cleanup`, which also finishes cancelled operations and removes
-stray directories, and removes nothing when merge's database cannot be read."""
+"""Merge removes only its own packages: a deleted target's (through transcript's session events) and a
+cancelled operation's (by the reconciling cleanup), never another's, never transcript's data."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import sys
-import uuid
 from pathlib import Path
 
 from deadline_testing import eventually
-from merge_testing import MergeStack, running_merge, running_merge_service
-from stages_testing import FAST, Hold, merge_env, merged_sessions, two_sources
-from transcript_testing import running_transcript
+from merge_testing import OTHER, MergeStack, running_merge
+from pipeline_testing import ScriptedPipeline
 
 from continuum.merge.v1 import merge_service_pb2 as api
 from continuum.merge.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as tapi
-from continuum_merge.cleanup import forget_target
+from continuum_merge.cleanup import reconcile
 from continuum_merge.server import open_transcript
-from continuum_merge.snapshot import verify_snapshot
-from continuum_merge.worker import UNIT_BEFORE_COMMIT
+from continuum_runtime.clock import SystemClock
+
+FAST = {"worker_poll_seconds": 0.1, "lease_renew_seconds": 0.3, "lease_ttl_seconds": 2.0, "events_retry_seconds": 0.1}
 
 
-async def merged(stack: MergeStack, sources: list[str], key: str) -> pb.MergeOperation:
-    operation_id = (await stack.start(sources, key=key)).operation.progress.operation_id
+async def merged(stack: MergeStack, owner: str, names: tuple[str, str]) -> pb.MergeOperation:
+    for name in names:
+        await stack.new_session(name, owner=owner)
+    operation_id = (await stack.start(list(names), owner=owner)).operation.progress.operation_id
 
     async def done() -> bool:
-        return (await stack.get(operation_id)).progress.status == pb.MERGE_STATUS_COMPLETED
+        return (await stack.get(operation_id, owner)).progress.status == pb.MERGE_STATUS_COMPLETED
 
-    await eventually(done, what="the merge to complete", seconds=60)
-    return await stack.get(operation_id)
-
-
-async def delete(stack: MergeStack, session_id: str) -> None:
-    await stack.transcript.stub.DeleteSession(tapi.DeleteSessionRequest(session_id=session_id), metadata=stack.user())
+    await eventually(done, what="the merge completed")
+    return await stack.get(operation_id, owner)
 
 
-async def cleanup_command(stack: MergeStack, **extra: str) -> tuple[int, str]:
-    """`python -m continuum_merge cleanup` with the stack's settings; its exit code and output."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "continuum_merge",
-        "cleanup",
-        env={**os.environ, **merge_env(stack.settings, **extra)},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    output, _ = await process.communicate()
-    return await process.wait(), output.decode()
-
-
-async def test_deleting_a_target_removes_its_package_only(tmp_path: Path, database_url: str) -> None:
-    async with running_merge(tmp_path, database_url, overrides=FAST) as stack:
+async def test_deleting_a_target_removes_only_its_package(tmp_path: Path, database_url: str) -> None:
+    async with running_merge(tmp_path, database_url, pipeline=ScriptedPipeline(), overrides=FAST) as stack:
+        alices = await merged(stack, "alice", ("a", "b"))
+        bobs = await merged(stack, OTHER, ("c", "d"))
         root = stack.settings.resolved_package_root()
-        await two_sources(stack.transcript)
-        first = await merged(stack, ["a", "b"], "key-1")
-        second = await merged(stack, [first.progress.target_session_id, "a"], "key-2")
-        # A source's deletion removes nothing.
-        await delete(stack, "b")
-        await delete(stack, first.progress.target_session_id)
+        assert (root / alices.progress.operation_id).is_dir()
 
-        await eventually(lambda: not (root / first.progress.operation_id).exists(), what="the package removal")
-        verify_snapshot(root / second.progress.operation_id)
-        assert (await stack.get(first.progress.operation_id)).progress.status == pb.MERGE_STATUS_COMPLETED
+        await stack.transcript.stub.DeleteSession(
+            tapi.DeleteSessionRequest(session_id=alices.progress.target_session_id), metadata=stack.user()
+        )
+        # Deleting a source is no business of merge's.
+        await stack.transcript.stub.DeleteSession(tapi.DeleteSessionRequest(session_id="c"), metadata=stack.user(OTHER))
+
+        await eventually(lambda: not (root / alices.progress.operation_id).exists(), what="alice's package removed")
+        assert (root / bobs.progress.operation_id / "handoff" / "ready.json").exists()
+        # The operation stays readable for diagnosis; its target is no longer available.
+        after = await stack.get(alices.progress.operation_id)
+        assert (after.progress.status, after.progress.target_available) == (pb.MERGE_STATUS_COMPLETED, False)
+        assert (await stack.get(bobs.progress.operation_id, OTHER)).progress.target_available
 
 
-async def test_cleanup_command_reconciles_what_was_missed_and_keeps_everything_without_a_database(
+async def test_reconcile_removes_a_cancelled_operations_package_and_keeps_the_rest(
     tmp_path: Path, database_url: str
 ) -> None:
-    overrides = {**FAST, "consume_session_events": False}
-    async with running_transcript(tmp_path, database_url) as transcript:
-        async with running_merge_service(tmp_path, database_url, transcript, overrides=overrides) as stack:
-            await two_sources(stack.transcript)
-            kept = await merged(stack, ["a", "b"], "key-1")
-            deleted = await merged(stack, ["a", "b"], "key-2")
-            await delete(stack, deleted.progress.target_session_id)
-        # A replica without a worker: the cancelled operation has no run that would clean up after it.
-        overrides["worker_enabled"] = False
-        async with running_merge_service(tmp_path, database_url, transcript, overrides=overrides) as stack:
-            await reconciled(stack, kept, tmp_path, database_url)
-
-
-async def reconciled(stack: MergeStack, kept: pb.MergeOperation, tmp_path: Path, database_url: str) -> None:
-    root = stack.settings.resolved_package_root()
-    (root / uuid.uuid4().hex / "staging").mkdir(parents=True)
-    (root / "lost+found").mkdir()
-    cancelled_id = (await stack.start(["a", "b"], key="key-3")).operation.progress.operation_id
-    await stack.stub.CancelMerge(api.CancelMergeRequest(operation_id=cancelled_id), metadata=stack.user())
-    # What a cancelled operation whose writer crashed leaves behind.
-    (root / cancelled_id / "staging").mkdir(parents=True)
-    present = sorted(path.name for path in root.iterdir())
-
-    code, output = await cleanup_command(stack, MERGE_DATABASE_URL=unreadable(tmp_path, database_url))
-    assert code == 1 and "nothing more removed" in output, output
-    assert sorted(path.name for path in root.iterdir()) == present
-
-    code, output = await cleanup_command(stack)
-    assert code == 0, output
-    remaining = sorted(path.name for path in root.iterdir())
-    assert remaining == sorted([kept.progress.operation_id, "lost+found"]), output
-    verify_snapshot(root / kept.progress.operation_id)
-    await stack.run_claim("a")
-
-
-def unreadable(tmp_path: Path, database_url: str) -> str:
-    """A database URL of the same backend that cannot be read."""
-    if database_url.startswith("sqlite"):
-        return f"sqlite+aiosqlite:///{tmp_path / 'missing-dir' / 'merge.db'}"
-    return database_url.rpartition("/")[0] + "/continuum_no_such_database"
-
-
-async def test_a_cancelled_operation_loses_its_directory_once_its_writer_stopped(
-    tmp_path: Path, database_url: str
-) -> None:
-    hold = Hold(UNIT_BEFORE_COMMIT)
-    async with running_merge(tmp_path, database_url, failpoint=hold, overrides=FAST) as stack:
-        await two_sources(stack.transcript)
+    async with running_merge(tmp_path, database_url, overrides={"worker_enabled": False}) as stack:
+        for name in ("a", "b"):
+            await stack.new_session(name)
         operation_id = (await stack.start(["a", "b"])).operation.progress.operation_id
-        await asyncio.wait_for(hold.reached.wait(), 60)
-        package = stack.settings.resolved_package_root() / operation_id
-        assert (package / "snapshot").is_dir()
         await stack.stub.CancelMerge(api.CancelMergeRequest(operation_id=operation_id), metadata=stack.user())
-        # The writer was cancelled at its hold, so it never commits the unit it was holding.
-        await eventually(lambda: not package.exists(), what="the cancelled operation's directory to go")
-        operation = await stack.get(operation_id)
-        assert operation.progress.status == pb.MERGE_STATUS_CANCELLED and not operation.progress.target_available
-        assert not await merged_sessions(stack.transcript)
-
-
-async def test_an_event_naming_a_live_target_or_a_package_already_gone_removes_nothing(
-    tmp_path: Path, database_url: str
-) -> None:
-    async with running_merge(tmp_path, database_url, overrides=FAST) as stack:
         root = stack.settings.resolved_package_root()
-        await two_sources(stack.transcript)
-        operation = await merged(stack, ["a", "b"], "key-1")
-        client = open_transcript(stack.settings)
+        (root / operation_id / "staging").mkdir(parents=True)
+        (root / operation_id / "staging" / "records.jsonl").write_text("{}\n")
+        stray = root / "not-an-operation"
+        stray.mkdir()
+        transcript = open_transcript(stack.settings)
         try:
-            target = operation.progress.target_session_id
-            assert not await forget_target(stack.database, client, root, target)
-            verify_snapshot(root / operation.progress.operation_id)
-            assert not await forget_target(stack.database, client, root, "a")
-            await delete(stack, target)
-            await eventually(lambda: not (root / operation.progress.operation_id).exists(), what="the removal")
-            # The same event replayed: the package is gone already, nothing else is touched.
-            assert not await forget_target(stack.database, client, root, target)
+            found = await reconcile(stack.database, transcript, root, SystemClock())
+            again = await reconcile(stack.database, transcript, root, SystemClock())
         finally:
-            await client.close()
+            await transcript.close()
 
-
-async def test_a_paused_operation_cancelled_loses_its_directory_without_a_run(
-    tmp_path: Path, database_url: str
-) -> None:
-    overrides = {**FAST, "disk_reserve_bytes": 2**62, "cancel_sweep_seconds": 0.2}
-    async with running_merge(tmp_path, database_url, overrides=overrides) as stack:
-        await two_sources(stack.transcript)
-        operation_id = (await stack.start(["a", "b"])).operation.progress.operation_id
-
-        async def paused() -> bool:
-            return (await stack.get(operation_id)).progress.status == pb.MERGE_STATUS_PAUSED
-
-        await eventually(paused, what="the merge to pause short of disk")
-        package = stack.settings.resolved_package_root() / operation_id
-        assert (package / "staging").is_dir()
-        await stack.stub.CancelMerge(api.CancelMergeRequest(operation_id=operation_id), metadata=stack.user())
-        await eventually(lambda: not package.exists(), what="the cancelled operation's staging copy to go")
-        await stack.run_claim("a")
+    assert (found.packages, found.removed) == (2, 1)
+    assert (again.packages, again.removed) == (1, 0)
+    assert not (root / operation_id).exists()
+    assert stray.is_dir()

@@ -3,6 +3,7 @@ aggregated by the built-in offline provider, the target published; on SQLite and
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from transcript_testing import all_messages, append, assistant, tool, user
 from continuum.merge.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as tapi
+from continuum_merge.worker import UNIT_BEFORE_COMMIT
 
 FAST = {"worker_poll_seconds": 0.1, "lease_renew_seconds": 0.5, "lease_ttl_seconds": 5.0}
 
@@ -78,3 +80,62 @@ async def test_two_sessions_merge_into_a_published_target_with_a_verified_packag
     # The sources are free again: a turn can start in each.
     await stack.run_claim("a")
     await stack.run_claim("b")
+
+
+def texts_containing(package: Path, needle: str) -> int:
+    """How many text parts of the sealed snapshot contain `needle`."""
+    return sum(needle in path.read_text() for path in (package / "snapshot" / "text").glob("*.txt"))
+
+
+async def completed(stack: MergeStack, operation_id: str) -> pb.MergeOperation:
+    async def done() -> bool:
+        return (await stack.get(operation_id)).progress.status == pb.MERGE_STATUS_COMPLETED
+
+    await eventually(done, what="the merge completed", seconds=60)
+    return await stack.get(operation_id)
+
+
+async def test_after_the_seal_the_sources_move_on_and_the_merge_reads_only_its_package(
+    tmp_path: Path, database_url: str
+) -> None:
+    sealed = asyncio.Event()
+    proceed = asyncio.Event()
+
+    async def hold_after_the_seal(name: str) -> None:
+        if name == UNIT_BEFORE_COMMIT and not proceed.is_set():
+            sealed.set()
+            await proceed.wait()
+
+    async with running_merge(tmp_path, database_url, failpoint=hold_after_the_seal, overrides=FAST) as stack:
+        for session_id in ("a", "b"):
+            await stack.new_session(session_id, texts=2)
+        operation_id = (await stack.start(["a", "b"])).operation.progress.operation_id
+        await sealed.wait()
+        progress = (await stack.get(operation_id)).progress
+        assert progress.snapshot_sealed
+        assert not progress.locked_source_session_ids
+        # The sources are free: a new message in one, the other deleted, while the merge works.
+        await append(stack.transcript, "a", user("a: written after the seal"))
+        await stack.transcript.stub.DeleteSession(tapi.DeleteSessionRequest(session_id="b"), metadata=stack.user())
+        proceed.set()
+        await completed(stack, operation_id)
+        package = stack.settings.resolved_package_root() / operation_id
+
+    assert texts_containing(package, "b message 1") == 1
+    assert texts_containing(package, "written after the seal") == 0
+
+
+async def test_merging_a_merged_session_again_keeps_new_messages_and_folds_duplicates(stack: MergeStack) -> None:
+    for session_id in ("a", "b"):
+        await stack.new_session(session_id, texts=2)
+    first = await completed(stack, (await stack.start(["a", "b"], key="k1")).operation.progress.operation_id)
+    merged_id = first.progress.target_session_id
+    await append(stack.transcript, "a", user("a: new since the first merge"))
+
+    second = await completed(stack, (await stack.start([merged_id, "a"], key="k2")).operation.progress.operation_id)
+
+    package = stack.settings.resolved_package_root() / second.progress.operation_id
+    # The first merge's originals come from its package, A's own history adds only what is new.
+    assert texts_containing(package, "b message 1") == 1
+    assert texts_containing(package, "a message 0") == 1
+    assert texts_containing(package, "new since the first merge") == 1

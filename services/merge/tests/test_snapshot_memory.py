@@ -1,6 +1,6 @@
-"""The copy streams: sealing four times the history in a separate merge process (the snapshot's
-command-line entry, which claims, cuts, copies and seals as the worker does) takes about the same peak
-memory, far below the history's size."""
+"""The snapshot's command-line entry as its own process. The copy streams: sealing four times the history
+(claiming, cutting, copying and sealing as the worker does) takes about the same peak memory, far below
+the history's size. `verify` answers the seal or why the package is damaged."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from google.protobuf import duration_pb2
 from snapshot_testing import Sources, running_sources, text_message
 from transcript_testing import SERVICE_TOKEN
 
 import continuum_merge
 from continuum.transcript.v1 import resources_pb2 as tpb
+from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum_merge.snapshot import verify_snapshot
 
 MIB = 1024 * 1024
@@ -52,22 +54,30 @@ async def _history(sources: Sources, root: str, mib: int) -> None:
             await sources.append(session, *batch)
 
 
-async def _seal_in_process(sources: Sources, root: str, package: Path) -> dict[str, Any]:
-    """`python -m continuum_merge.snapshot build` as its own process; its JSON line."""
+async def _command(*arguments: str) -> tuple[int, str, str]:
+    """`python -m continuum_merge.snapshot ...` as its own process: exit code, stdout, stderr."""
     env = {
         **os.environ,
         "MERGE_SERVICE_TOKEN": SERVICE_TOKEN,
         "PYTHONPATH": os.pathsep.join([MERGE_PATH, *filter(None, [os.environ.get("PYTHONPATH")])]),
     }
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "continuum_merge.snapshot", "build",
-        "--transcript", f"127.0.0.1:{sources.client.service.port}", "--user", "alice",
-        "--package-dir", str(package), "--disk-reserve-bytes", "0", root,
+        sys.executable, "-m", "continuum_merge.snapshot", *arguments,
         env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     stdout, stderr = await process.communicate()
-    assert process.returncode == 0, stderr.decode()[-2000:]
-    result: dict[str, Any] = json.loads(stdout.decode().splitlines()[-1])
+    assert process.returncode is not None
+    return process.returncode, stdout.decode(), stderr.decode()
+
+
+async def _seal_in_process(sources: Sources, root: str, package: Path) -> dict[str, Any]:
+    """`build` as its own process; its JSON line."""
+    code, stdout, stderr = await _command(
+        "build", "--transcript", f"127.0.0.1:{sources.client.service.port}", "--user", "alice",
+        "--package-dir", str(package), "--disk-reserve-bytes", "0", root,
+    )  # fmt: skip
+    assert code == 0, stderr[-2000:]
+    result: dict[str, Any] = json.loads(stdout.splitlines()[-1])
     return result
 
 
@@ -85,3 +95,26 @@ async def test_peak_memory_is_flat_in_the_history_size(tmp_path: Path, database_
     measured = f"peak RSS {quarter['peak_rss_mib']} MiB at a quarter, {whole['peak_rss_mib']} MiB whole"
     assert whole["peak_rss_mib"] < quarter["peak_rss_mib"] + FLAT_MIB, measured
     assert whole["peak_rss_mib"] < WHOLE_MIB, measured
+
+
+async def test_verify_command_answers_the_seal_or_the_damage(tmp_path: Path, database_url: str) -> None:
+    async with running_sources(tmp_path, database_url) as sources:
+        await sources.session("a")
+        await sources.append("a", text_message(tpb.MESSAGE_ROLE_USER, "hello"))
+        package = tmp_path / "packages" / "op"
+        sealed = await _seal_in_process(sources, "a", package)
+        # The command released its claims: another holder can claim the tree at once.
+        claimed = await sources.client.stub.AcquireClaims(
+            api.AcquireClaimsRequest(
+                session_ids=["a"], kind=tpb.CLAIM_KIND_RUN, holder="run-1", ttl=duration_pb2.Duration(seconds=10)
+            ),
+            metadata=sources.user,
+        )
+        assert list(claimed.claim.root_session_ids) == ["a"]
+
+    code, stdout, _ = await _command("verify", str(package))
+    assert code == 0 and json.loads(stdout)["snapshot_hash"] == sealed["snapshot_hash"]
+    (package / "snapshot" / "gaps.jsonl").write_bytes(b"{}\n")
+    code, stdout, stderr = await _command("verify", str(package))
+    assert (code, stdout) == (1, "")
+    assert stderr.startswith("PackageDamaged: ") and "gaps.jsonl" in stderr

@@ -191,3 +191,32 @@ async def test_a_graceful_stop_hands_the_operation_to_another_replica(
     # unit-0 was committed by the first replica and reused; unit-1 ran again after its cancelled attempt.
     assert (pipeline.calls["unit-0"], pipeline.calls["unit-1"], pipeline.calls["unit-2"]) == (1, 2, 1)
     assert pipeline.calls["snapshot"] == 1
+
+
+async def test_resuming_with_another_model_keeps_completed_units(stack: MergeStack, pipeline: ScriptedPipeline) -> None:
+    pipeline.stops["unit-1"] = StageStop("PROVIDER_UNAVAILABLE", "the model kept failing", "paused")
+    operation_id = await started(stack)
+    paused = await reaches(stack, operation_id, pb.MERGE_STATUS_PAUSED)
+    assert paused.progress.error_code == error_code_pb2.PROVIDER_UNAVAILABLE
+    assert (paused.progress.progress.completed_units, paused.progress.progress.known_units) == (1, 3)
+
+    await stack.stub.ResumeMerge(
+        api.ResumeMergeRequest(
+            operation_id=operation_id, expected_epoch=paused.progress.run_epoch, model="other-model"
+        ),
+        metadata=stack.user(),
+    )
+    await reaches(stack, operation_id, pb.MERGE_STATUS_COMPLETED)
+
+    units = await rows(
+        stack, "SELECT unit_id, model FROM session_merge_units WHERE operation_id = :o ORDER BY unit_id", o=operation_id
+    )
+    assert [model for _, model in units][1:] == ["other-model", "other-model"]
+    assert units[0][1] != "other-model"
+    assert (pipeline.calls["unit-0"], pipeline.calls["unit-1"]) == (1, 2)
+    attempts = await rows(
+        stack,
+        "SELECT outcome FROM session_merge_attempts WHERE operation_id = :o AND unit_id = 'unit-1' ORDER BY start_ms",
+        o=operation_id,
+    )
+    assert attempts == [("error",), ("completed",)]

@@ -41,6 +41,7 @@ from continuum_merge.snapshot.layout import (
     TEXT_DIR,
     SealedSnapshot,
     SourceCut,
+    asset_path,
     raw_path,
 )
 from continuum_merge.snapshot.reader import AttachmentUnreadable, SourceReader
@@ -253,7 +254,7 @@ def _asset_row(attachment: tpb.Attachment) -> dict[str, Any]:
     return {
         "ref": f"a_{attachment.sha256}",
         "part": None,
-        "path": f"assets/{attachment.sha256}",
+        "path": asset_path(attachment.sha256),
         "bytes": attachment.size_bytes,
         "sha256": attachment.sha256,
         "kind": "asset",

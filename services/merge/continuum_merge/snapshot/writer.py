@@ -80,14 +80,13 @@ class JsonlStream:
         self.count = 0
         self.size = 0
 
-    def write(self, row: Mapping[str, Any]) -> int:
-        """Append one row; the bytes written."""
+    def write(self, row: Mapping[str, Any]) -> None:
+        """Append one row."""
         line = canonical(row) + b"\n"
         self._digest.update(line)
         self._handle.write(line)
         self.count += 1
         self.size += len(line)
-        return len(line)
 
     def close(self) -> None:
         """Flush, fsync and close (idempotent)."""
