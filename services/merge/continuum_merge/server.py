@@ -110,7 +110,9 @@ async def start(
     if settings.migrate_on_start:
         await migrations.upgrade(database, MIGRATIONS_DIR)
     transcript = open_transcript(settings)
-    provider = provider or open_provider(settings.provider)
+    # The extraction's call policy makes the attempts (issue 10: 3 per unit and model, 2 s and 5 s apart):
+    # the HTTP client itself tries once per call.
+    provider = provider or open_provider(settings.provider.model_copy(update={"max_retries": 0}))
     signals: WorkerSignals = ApiOnly()
     drains: list[Cleanup] = []
     if settings.worker_enabled:
@@ -119,6 +121,8 @@ async def start(
             provider,
             timeout_seconds=settings.transcript_timeout_seconds,
             disk_reserve_bytes=settings.disk_reserve_bytes,
+            extraction=settings.extraction,
+            clock=clock,
         )
         worker = Worker(
             settings,

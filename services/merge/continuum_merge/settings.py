@@ -8,6 +8,7 @@ from typing import Self
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from continuum_merge.extraction.budget import ExtractionSettings
 from continuum_runtime.provider import ProviderSettings
 from continuum_runtime.settings import ServiceSettings
 
@@ -70,6 +71,8 @@ class MergeSettings(ServiceSettings):
 
     # MERGE_PROVIDER__KIND=openai, MERGE_PROVIDER__BASE_URL=..., etc.; offline by default.
     provider: ProviderSettings = ProviderSettings()
+    # MERGE_EXTRACTION__REQUEST_TOKENS=..., etc.: request budgets, byte guards, per-call timeout, attempts.
+    extraction: ExtractionSettings = ExtractionSettings()
 
     @model_validator(mode="after")
     def _renewals_within_leases(self) -> Self:

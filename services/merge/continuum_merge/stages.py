@@ -22,9 +22,9 @@ import grpc
 from continuum_merge.admission import TreeCut
 from continuum_merge.extraction import (
     AnswerInvalid,
+    ExtractionSettings,
     HandoffDamaged,
     PackageUnreadable,
-    UnitBudget,
     UnitSpec,
     UnitTooLarge,
     aggregate,
@@ -33,7 +33,7 @@ from continuum_merge.extraction import (
     split_unit,
     verify_handoff,
 )
-from continuum_merge.extraction.unit import CallHook
+from continuum_merge.extraction.unit import SHRINKABLE, CallHook
 from continuum_merge.pipeline import Sealed, SplitNeeded, StageStop, UnitDone
 from continuum_merge.snapshot import (
     DiskReserveShort,
@@ -50,8 +50,10 @@ from continuum_merge.snapshot import (
 )
 from continuum_merge.store import NewUnit, Unit
 from continuum_merge.transcript_client import TranscriptClient
+from continuum_runtime.clock import Clock, SystemClock
 from continuum_runtime.provider import (
     ModelProvider,
+    ProviderBadResponse,
     ProviderError,
     ProviderInputTooLarge,
     ProviderOutputTruncated,
@@ -94,18 +96,27 @@ def snapshot_stop(error: Exception) -> StageStop:
 
 
 def model_stop(error: Exception) -> StageStop:
-    """What the worker does about a failure of a model call, its answer or the package it reads (any other
-    error is raised again). A unit that does not fit is split (`MergeStages.run_unit`); what still does
-    not fit (a single part, or an aggregation pack) pauses: resume with a model that has a larger window."""
-    if isinstance(error, (UnitTooLarge, ProviderInputTooLarge, ProviderOutputTruncated)):
-        return StageStop("PROVIDER_UNAVAILABLE", "a stored record does not fit the model's window or answer limit",
-                         "paused")  # fmt: skip
-    if isinstance(error, AnswerInvalid):
-        return StageStop("PROVIDER_UNAVAILABLE", "the model kept answering outside the item schema", "paused")
+    """What the worker does about a failure of a model call, its answer or the package it reads that
+    splitting cannot cure (any other error is raised again).
+
+    Everything the provider does wrong pauses with PROVIDER_UNAVAILABLE: the attempts and backoff of
+    issue 10 were already spent on the call (`complete_patiently`), and credentials or a refused model
+    need the user; resuming (perhaps with another model) redoes only the unfinished units.
+    """
+    if isinstance(error, (UnitTooLarge, ProviderInputTooLarge, ProviderOutputTruncated, AnswerInvalid)):
+        # A unit at the shrink floor, or a condensing pack (packs are not split).
+        reason = "answers outside the item schema" if isinstance(error, AnswerInvalid) else type(error).__name__
+        return StageStop(
+            "PROVIDER_UNAVAILABLE",
+            f"a request at the shrink floor still failed ({reason}); resume, perhaps with another model",
+            "paused",
+        )
     if isinstance(error, ProviderError):
-        if error.retryable:
-            return StageStop("PROVIDER_UNAVAILABLE", "the model provider is unavailable; retrying", "retry")
-        return StageStop("PROVIDER_UNAVAILABLE", f"the model provider refused ({type(error).__name__})", "paused")
+        if error.retryable or isinstance(error, ProviderBadResponse):
+            what = f"the model provider kept failing ({type(error).__name__}, {error.status or 'no status'})"
+        else:
+            what = f"the model provider refused ({type(error).__name__}); check its credentials and model"
+        return StageStop("PROVIDER_UNAVAILABLE", what + "; resume when it is fixed", "paused")
     if isinstance(error, (PackageUnreadable, HandoffDamaged)):
         return _damaged(str(error))
     raise error
@@ -114,8 +125,8 @@ def model_stop(error: Exception) -> StageStop:
 class MergeStages:
     """The `Pipeline` of the service: snapshot over transcript, extraction with `provider`.
 
-    `budget` sizes the extraction requests (the extraction's default unless given); `on_call` hears of
-    every answered model call (units and condensing packs).
+    `extraction` holds the request budgets and the call patience (timeout, attempts, backoff waited on
+    `clock`); `on_call` hears of every answered model call (units and condensing packs).
     """
 
     def __init__(
@@ -125,14 +136,17 @@ class MergeStages:
         *,
         timeout_seconds: float,
         disk_reserve_bytes: int,
-        budget: UnitBudget | None = None,
+        extraction: ExtractionSettings | None = None,
+        clock: Clock | None = None,
         on_call: CallHook | None = None,
     ) -> None:
         self._transcript = transcript
         self._provider = provider
         self._timeout = timeout_seconds
         self._reserve = disk_reserve_bytes
-        self._budget = budget or UnitBudget()
+        self._extraction = extraction or ExtractionSettings()
+        self._budget = self._extraction.unit_budget()
+        self._policy = self._extraction.call_policy(clock or SystemClock())
         self._on_call = on_call
 
     async def snapshot(
@@ -181,18 +195,29 @@ class MergeStages:
         ]
 
     async def run_unit(self, package_dir: Path, unit: Unit, model: str) -> UnitDone:
-        """Run one stored unit against the sealed snapshot it was planned over."""
+        """Run one stored unit against the sealed snapshot it was planned over.
+
+        When its request or answer does not fit, or its answer stays invalid after the one repair, the
+        unit is split into two halves of its own parts, or a single part into two slices (`SplitNeeded`:
+        the worker commits them and runs them in its place); a unit at the shrink floor pauses instead.
+        """
         try:
             spec = UnitSpec.from_stored(unit.unit_id, unit.ordinal, unit.input_json)
         except ValueError as error:
             raise _damaged(str(error)) from error
         try:
             outcome = await run_unit(
-                spec, package_dir, self._provider, model=model, budget=self._budget, on_call=self._on_call
+                spec,
+                package_dir,
+                self._provider,
+                model=model,
+                budget=self._budget,
+                policy=self._policy,
+                on_call=self._on_call,
             )
-        except (UnitTooLarge, ProviderInputTooLarge, ProviderOutputTruncated) as error:
+        except SHRINKABLE as error:
             raise await self._split(package_dir, spec, model, error) from error
-        except (AnswerInvalid, ProviderError, PackageUnreadable) as error:
+        except (ProviderError, PackageUnreadable) as error:
             raise model_stop(error) from error
         usage = outcome.usage
         return UnitDone(
@@ -204,10 +229,10 @@ class MergeStages:
         )
 
     async def _split(self, package_dir: Path, spec: UnitSpec, model: str, error: Exception) -> Exception:
-        """The two halves replacing a unit that did not fit (`SplitNeeded`); a single part that does not
-        fit pauses."""
+        """The two halves replacing a unit that did not fit (`SplitNeeded`); a unit at the shrink floor
+        pauses."""
         try:
-            halves = await asyncio.to_thread(split_unit, package_dir, spec)
+            halves = await asyncio.to_thread(split_unit, package_dir, spec, floor_tokens=self._budget.floor_tokens)
         except PackageUnreadable as unreadable:
             return model_stop(unreadable)
         if halves is None:
@@ -223,7 +248,14 @@ class MergeStages:
         """Build the handoff from the units' results; the hash of its ready.json."""
         try:
             ready = await aggregate(
-                package_dir, results, self._provider, model=model, budget=self._budget, on_call=self._on_call
+                package_dir,
+                results,
+                self._provider,
+                model=model,
+                budget=self._budget,
+                brief_tokens=self._extraction.brief_tokens,
+                policy=self._policy,
+                on_call=self._on_call,
             )
         except (AnswerInvalid, ProviderError, PackageUnreadable, HandoffDamaged) as error:
             raise model_stop(error) from error

@@ -9,12 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from clock_testing import ManualClock
 from deadline_testing import eventually
 from extraction_testing import SnapshotBuilder
 from model_server_testing import MODEL, FakeModelServer, Reply, completion, json_reply
 
 from continuum_merge.extraction import (
     AnswerInvalid,
+    CallPolicy,
     CallRecord,
     UnitBudget,
     UnitSpec,
@@ -28,9 +30,12 @@ from continuum_merge.extraction import (
 from continuum_runtime.provider import (
     ITEMS_PROTOCOL,
     OpenAICompatibleProvider,
+    ProviderAuthFailed,
     ProviderInputTooLarge,
     ProviderOutputTruncated,
+    ProviderRateLimited,
     ProviderSettings,
+    ProviderUnavailable,
     Usage,
 )
 
@@ -222,7 +227,7 @@ async def test_a_refused_or_oversized_request_splits_the_unit_into_halves_that_c
     server.script(json_reply({"error": {"code": "context_length_exceeded", "message": "too long"}}, status=400))
     with pytest.raises(ProviderInputTooLarge):
         await run_unit(unit, package, provider, model=MODEL)
-    halves = split_unit(package, unit)
+    halves = split_unit(package, unit, floor_tokens=0)
     assert halves is not None
     first, second = halves
     # An answer over the response guard is never used, however valid.
@@ -270,3 +275,96 @@ async def test_aggregation_condenses_through_the_http_client(
     # Aggregating again (after a crash) reuses the packs already answered.
     assert await aggregate(package, [outcome.path], provider, model=MODEL, brief_tokens=10) == ready
     assert len(server.requests) == 2
+
+
+class RecordingClock(ManualClock):
+    """A clock whose backoff waits end at once but are recorded; the per-call timer (300 s) never fires."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float] = []
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds >= CallPolicy().timeout_seconds:
+            await super().sleep(seconds)
+            return
+        self.waits.append(seconds)
+        await asyncio.sleep(0)
+
+
+async def test_transient_failures_are_retried_after_2_then_5_seconds_on_the_injected_clock(
+    tmp_path: Path, server: FakeModelServer, provider: OpenAICompatibleProvider
+) -> None:
+    package, unit = one_unit(tmp_path)
+    clock = RecordingClock()
+    server.script(Reply(status=503, body=b"{}"), Reply(status=502, body=b"{}"), completion(answer(OPEN)))
+    outcome = await run_unit(unit, package, provider, model=MODEL, policy=CallPolicy(clock=clock))
+    assert outcome.item_count == 1 and len(server.requests) == 3
+    assert clock.waits == [2.0, 5.0]
+
+
+async def test_retry_after_is_followed_and_the_third_failure_propagates(
+    tmp_path: Path, server: FakeModelServer, provider: OpenAICompatibleProvider
+) -> None:
+    package, unit = one_unit(tmp_path)
+    clock = RecordingClock()
+    limited = Reply(status=429, body=b"{}", headers=(("Retry-After", "7"),))
+    server.script(limited, limited, limited)
+    with pytest.raises(ProviderRateLimited):
+        await run_unit(unit, package, provider, model=MODEL, policy=CallPolicy(clock=clock))
+    assert clock.waits == [7.0, 7.0] and len(server.requests) == 3
+
+
+async def test_credentials_refused_are_not_retried(
+    tmp_path: Path, server: FakeModelServer, provider: OpenAICompatibleProvider
+) -> None:
+    package, unit = one_unit(tmp_path)
+    clock = RecordingClock()
+    server.script(json_reply({"error": {"code": "invalid_api_key"}}, status=401))
+    with pytest.raises(ProviderAuthFailed):
+        await run_unit(unit, package, provider, model=MODEL, policy=CallPolicy(clock=clock))
+    assert clock.waits == [] and len(server.requests) == 1
+
+
+async def test_a_call_over_its_timeout_is_cancelled_on_the_injected_clock(
+    tmp_path: Path, server: FakeModelServer, provider: OpenAICompatibleProvider
+) -> None:
+    package, unit = one_unit(tmp_path)
+    clock = ManualClock()
+    server.script(Reply(status=200, body=completion(answer(OPEN)).body, delay_seconds=60))
+    running = asyncio.create_task(
+        run_unit(unit, package, provider, model=MODEL, policy=CallPolicy(attempts=1, clock=clock))
+    )
+    await eventually(lambda: server.requests and clock.sleepers == 1, what="the call and its timer")
+    clock.advance(299)
+    await asyncio.sleep(0)
+    assert not running.done()
+    clock.advance(1)
+    with pytest.raises(ProviderUnavailable, match="timed out after 300 s"):
+        await running
+    assert not (package / "work").exists()
+
+
+async def test_a_condensing_pack_that_does_not_fit_is_bisected(
+    tmp_path: Path, server: FakeModelServer, provider: OpenAICompatibleProvider
+) -> None:
+    package, unit = one_unit(tmp_path)
+    server.script(completion(answer(RENAMED, OPEN)))
+    outcome = await run_unit(unit, package, provider, model=MODEL)
+    condensed = {"section": "changes", "status": "completed", "content": "c", "evidence": ["a1"]}
+    server.script(
+        json_reply({"error": {"message": "too large"}}, status=413),
+        completion(answer(condensed)),
+        completion(answer(condensed)),
+    )
+    ready = await aggregate(package, [outcome.path], provider, model=MODEL, brief_tokens=10)
+    assert (ready.layer_count, ready.brief_item_count, ready.not_expanded) == (1, 2, 0)
+    halves = [json.loads(request.json()["messages"][1]["content"])["inputs"] for request in server.requests[2:]]
+    assert [[entry["alias"] for entry in inputs] for inputs in halves] == [["a1"], ["a1"]]
+    # A pack of one item that still does not fit cannot shrink further: the error reaches the stage.
+    (package / "handoff").rename(package / "handoff.before")
+    server.script(completion(answer(OPEN)))
+    one_item = await run_unit(unit, package, provider, model=MODEL)
+    server.script(json_reply({"error": {"message": "too large"}}, status=413))
+    with pytest.raises(ProviderInputTooLarge):
+        await aggregate(package, [one_item.path], provider, model=MODEL, brief_tokens=1)

@@ -42,7 +42,16 @@ def test_every_extractable_part_is_in_exactly_one_unit_in_snapshot_order(tmp_pat
     own = [part for _, parts in parts_of(package, units) for part in parts]
     files = [json.loads(line) for line in (package / "snapshot" / "files.jsonl").read_text().splitlines()]
     expected = [row["ref"] for row in files if row["kind"] == "text" and "private" not in _text(package, row)]
-    assert [part.ref for part in own] == expected
+    # Each part once, in order; a part over the material budget as consecutive slice units.
+    assert [ref for ref, _ in itertools.groupby(part.ref for part in own)] == expected
+    sliced = [unit for unit in units if unit.slice is not None]
+    assert {unit.first_ref for unit in sliced} == {ref for ref in expected if ref.startswith(f"r_{record}:")}
+    for ref, group in itertools.groupby(sliced, key=lambda unit: unit.first_ref):
+        bounds = [unit.slice or (-1, -1) for unit in group]
+        text = _text(package, next(row for row in files if row["ref"] == ref))
+        assert bounds[0][0] == 0 and bounds[-1][1] == len(text)
+        assert all(left[1] == right[0] for left, right in itertools.pairwise(bounds))
+        assert all(len(text[a:b].encode()) / 4 + 32 <= SMALL.material_tokens for a, b in bounds)
     assert [unit.ordinal for unit in units] == list(range(len(units)))
     assert all(unit.stage == "extracting" and unit.part_count >= 1 for unit in units)
     # The stored input is small and, with the id and ordinal, rebuilds the unit.
@@ -130,20 +139,28 @@ def test_a_split_unit_is_covered_by_two_deterministic_halves_down_to_single_part
     units = plan_units(package, processor_version="p1", budget=SMALL)
     parent = next(unit for unit in units if unit.context_count and unit.part_count >= 2)
     _, own = scan_unit(package, parent)
-    halves = split_unit(package, parent)
+    halves = split_unit(package, parent, floor_tokens=0)
     assert halves is not None
     first, second = halves
     assert (first.unit_id, second.unit_id) == (f"{parent.unit_id}.0", f"{parent.unit_id}.1")
     assert first.ordinal == second.ordinal == parent.ordinal
     assert first.context_count == second.context_count == 0
     assert [*scan_unit(package, first)[1], *scan_unit(package, second)[1]] == own
-    assert split_unit(package, parent) == halves
+    assert split_unit(package, parent, floor_tokens=0) == halves
     leaves = [first, second]
     while any(unit.part_count > 1 for unit in leaves):
-        leaves = [child for unit in leaves for child in (split_unit(package, unit) or (unit,))]
+        leaves = [child for unit in leaves for child in (split_unit(package, unit, floor_tokens=0) or (unit,))]
     assert [scan_unit(package, unit)[1][0] for unit in leaves] == own
+    # A single part at the shrink floor is not split again.
     assert split_unit(package, leaves[0]) is None
     assert sorted(unit.unit_id for unit in leaves) == [unit.unit_id for unit in leaves]
+    # Above the floor, a single part is bisected into contiguous slices of its text, down to the floor.
+    slices = split_unit(package, leaves[0], floor_tokens=0)
+    assert slices is not None
+    (start, middle), (middle_again, end) = [child.slice or (-1, -1) for child in slices]
+    assert start == 0 and middle == middle_again and 0 < middle < end
+    assert all(child.part_count == 1 and child.context_count == 0 for child in slices)
+    assert UnitSpec.from_stored(slices[1].unit_id, slices[1].ordinal, slices[1].input_json()) == slices[1]
 
 
 def test_budgets_that_leave_no_room_for_material_are_refused() -> None:

@@ -27,9 +27,9 @@ from continuum_merge import store
 from continuum_merge.admission import TreeCut
 from continuum_merge.extraction import (
     AnswerInvalid,
+    ExtractionSettings,
     HandoffDamaged,
     PackageUnreadable,
-    UnitBudget,
     UnitTooLarge,
     verify_handoff,
 )
@@ -246,8 +246,9 @@ def test_snapshot_failures_map_to_a_code_and_an_outcome(error: Exception, code: 
 @pytest.mark.parametrize(
     ("error", "code", "outcome"),
     [
-        (ProviderUnavailable("down"), "PROVIDER_UNAVAILABLE", "retry"),
-        (ProviderRateLimited("429"), "PROVIDER_UNAVAILABLE", "retry"),
+        # The attempts and backoff were spent on the call already: paused, resumable (issue 10).
+        (ProviderUnavailable("down"), "PROVIDER_UNAVAILABLE", "paused"),
+        (ProviderRateLimited("429"), "PROVIDER_UNAVAILABLE", "paused"),
         (ProviderAuthFailed("401"), "PROVIDER_UNAVAILABLE", "paused"),
         (ProviderInputTooLarge("413"), "PROVIDER_UNAVAILABLE", "paused"),
         (UnitTooLarge("big", unit_id="u"), "PROVIDER_UNAVAILABLE", "paused"),
@@ -275,23 +276,24 @@ def http_provider(model_server: FakeModelServer) -> ProviderSettings:
     return ProviderSettings(kind="openai", base_url=model_server.url, model=MODEL, max_retries=0)
 
 
-async def test_a_provider_without_answers_makes_the_run_retry_later(
+async def test_a_provider_without_answers_is_tried_three_times_then_pauses_resumably(
     tmp_path: Path, database_url: str, model_server: FakeModelServer
 ) -> None:
-    model_server.script(Reply(status=503, body=b"overloaded"))
-    overrides = {**FAST, "retry_seconds": 3600.0, "provider": http_provider(model_server)}
+    """Issue 10: 3 attempts per unit and model (the waits between them are the extraction's backoff, none
+    here), then paused PROVIDER_UNAVAILABLE; resuming continues."""
+    model_server.script(*(Reply(status=503, body=b"overloaded") for _ in range(3)))
+    overrides = {
+        **FAST,
+        "provider": http_provider(model_server),
+        "extraction": ExtractionSettings(backoff_seconds=(0.0,)),
+    }
     async with running_merge(tmp_path, database_url, overrides=overrides) as stack:
         await two_sources(stack.transcript)
         operation_id = (await stack.start(["a", "b"])).operation.progress.operation_id
-
-        async def retrying() -> bool:
-            return (await stack.get(operation_id)).progress.HasField("retry_time")
-
-        await eventually(retrying, what="the run to wait for a retry", seconds=60)
-        progress = (await stack.get(operation_id)).progress
-        assert progress.status == pb.MERGE_STATUS_PREPARING and progress.snapshot_sealed
+        progress = (await paused(stack, operation_id)).progress
+        assert progress.snapshot_sealed and progress.can_resume
         assert progress.error_code == error_code_pb2.PROVIDER_UNAVAILABLE
-        assert len(model_server.requests) == 1 and model_server.requests[0].json()["model"] == MODEL
+        assert len(model_server.requests) == 3 and {r.json()["model"] for r in model_server.requests} == {MODEL}
         _, outcomes = await attempts(stack.database, operation_id)
         assert outcomes == Counter({"error": 1})
 
@@ -385,7 +387,13 @@ async def test_units_over_the_request_guard_are_split_and_their_halves_complete(
         client = open_transcript(merge_settings(tmp_path, database_url, transcript.service.port))
         # Two long tool outputs do not fit one request; one does.
         stages = MergeStages(
-            client, OfflineProvider(), timeout_seconds=30, disk_reserve_bytes=0, budget=UnitBudget(request_bytes=30_000)
+            client,
+            OfflineProvider(),
+            timeout_seconds=30,
+            disk_reserve_bytes=0,
+            # A small window keeps the margin at 1024 tokens, so a unit plans both outputs and goes over
+            # the byte guard.
+            extraction=ExtractionSettings(request_bytes=30_000, context_window_tokens=20_000),
         )
         try:
             async with running_merge_service(

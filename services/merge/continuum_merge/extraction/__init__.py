@@ -4,6 +4,7 @@ Reads only the operation's package directory (``snapshot/``), writes ``work/`` a
 calls a model only through `continuum_runtime.provider.ModelProvider`. No database access: the
 worker commits units around `run_unit` in its own short transactions.
 
+- `ExtractionSettings`: the budgets (kept apart) and call patience; `CallPolicy`: timeout, attempts, backoff.
 - `plan_units`: deterministic units over the snapshot's extractable text parts.
 - `split_unit`: two deterministic halves of a unit whose request or answer did not fit.
 - `run_unit`: one unit's serial model request(s), checked items, ``work/<unit id>.json`` and its sha256.
@@ -16,6 +17,7 @@ worker commits units around `run_unit` in its own short transactions.
 from __future__ import annotations
 
 from continuum_merge.extraction.aggregate import HandoffReady, aggregate, verify_handoff
+from continuum_merge.extraction.budget import CallPolicy, ExtractionSettings
 from continuum_merge.extraction.errors import (
     AnswerInvalid,
     ExtractionError,
@@ -29,8 +31,10 @@ from continuum_merge.extraction.unit import CallHook, CallRecord, UnitOutcome, r
 __all__ = [
     "AnswerInvalid",
     "CallHook",
+    "CallPolicy",
     "CallRecord",
     "ExtractionError",
+    "ExtractionSettings",
     "HandoffDamaged",
     "HandoffReady",
     "PackageUnreadable",

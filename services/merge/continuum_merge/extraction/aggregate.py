@@ -15,7 +15,8 @@ synced, so it is either absent or whole. Its files:
 
 Each layer packs the items of the one below under the request budget and sends the packs serially; a
 layer must shrink (estimated tokens), else the brief becomes the deterministic navigation (counts and
-entries to the details) instead of summarising the same content again.
+entries to the details) instead of summarising the same content again. A pack whose request or answer
+does not fit (or stays invalid) is bisected like a unit, down to a pack of one item.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from continuum_merge.extraction.budget import CallPolicy
 from continuum_merge.extraction.errors import HandoffDamaged, PackageUnreadable
 from continuum_merge.extraction.package import (
     HANDOFF_DIR,
@@ -45,7 +47,7 @@ from continuum_merge.extraction.package import (
 from continuum_merge.extraction.plan import UnitBudget
 from continuum_merge.extraction.prompts import condense_request
 from continuum_merge.extraction.schema import SCHEMA_VERSION, SECTIONS, STATUSES
-from continuum_merge.extraction.unit import RESULT_KIND, CallHook, ask_items, item_id
+from continuum_merge.extraction.unit import RESULT_KIND, SHRINKABLE, CallHook, ask_items, item_id
 from continuum_runtime.provider import ModelProvider
 from continuum_runtime.provider.tokens import estimate_tokens
 
@@ -87,6 +89,7 @@ async def aggregate(
     model: str,
     budget: UnitBudget | None = None,
     brief_tokens: int = BRIEF_TOKENS,
+    policy: CallPolicy | None = None,
     on_call: CallHook | None = None,
 ) -> HandoffReady:
     """Build ``handoff/`` from `unit_results` (the units' ``work/`` files, in plan order).
@@ -94,7 +97,8 @@ async def aggregate(
     Each result is checked (kind, snapshot, schema) before it is copied. Condensing requests get one
     repair each; a second invalid answer raises AnswerInvalid. Provider failures propagate. File work
     runs in threads; `verify_handoff` does not (call it in one). `on_call` hears of every condensing
-    call with its usage (packs answered by an earlier run are reused without a call).
+    call with its usage (packs answered by an earlier run are reused without a call). Calls are made
+    under `policy` (per-call timeout, attempts and backoff).
     """
     budget = budget or UnitBudget()
     snapshot_hash, processor_version, counts = await asyncio.to_thread(_prepare, package_dir, unit_results)
@@ -109,7 +113,7 @@ async def aggregate(
         tokens, dropped = await _condense(
             _layer_entries(staging, layer),
             target,
-            _Asker(provider, budget, package_dir, on_call),
+            _Asker(provider, budget, package_dir, policy or CallPolicy(), on_call),
             f"{snapshot_hash}:L{layer_count + 1}",
         )
         if tokens >= layer_tokens:
@@ -330,6 +334,7 @@ class _Asker:
     provider: ModelProvider
     budget: UnitBudget
     package_dir: Path
+    policy: CallPolicy
     on_call: CallHook | None
 
 
@@ -341,12 +346,27 @@ async def _condense(below: Iterator[dict[str, Any]], target: Path, asker: _Asker
     dropped = 0
     with target.open("wb") as out:
         for number, pack in enumerate(_packs(below, asker.budget)):
-            items, uncovered = await _condense_pack(pack, asker, f"{layer_key}:{number}")
-            for item in items:
-                out.write(json.dumps(item, ensure_ascii=False, sort_keys=True).encode() + b"\n")
-                tokens += _entry_tokens(item["content"])
-            dropped += uncovered
+            for items, uncovered in await _condense_shrinking(pack, asker, f"{layer_key}:{number}"):
+                for item in items:
+                    out.write(json.dumps(item, ensure_ascii=False, sort_keys=True).encode() + b"\n")
+                    tokens += _entry_tokens(item["content"])
+                dropped += uncovered
     return tokens, dropped
+
+
+async def _condense_shrinking(
+    pack: list[dict[str, Any]], asker: _Asker, key: str
+) -> list[tuple[list[dict[str, Any]], int]]:
+    """`_condense_pack`, bisecting the pack (keys ``<key>.0``, ``<key>.1``) when its request or answer does
+    not fit or its answer stays invalid after the repair; a pack of one item that still fails raises."""
+    try:
+        return [await _condense_pack(pack, asker, key)]
+    except SHRINKABLE:
+        if len(pack) < 2:
+            raise
+    half = len(pack) // 2
+    first = await _condense_shrinking(pack[:half], asker, f"{key}.0")
+    return first + await _condense_shrinking(pack[half:], asker, f"{key}.1")
 
 
 def _packs(entries: Iterator[dict[str, Any]], budget: UnitBudget) -> Iterator[list[dict[str, Any]]]:
@@ -386,6 +406,8 @@ async def _condense_pack(pack: list[dict[str, Any]], asker: _Asker, key: str) ->
         aliases,
         budget=asker.budget,
         subject=key,
+        operation_id=asker.package_dir.name,
+        policy=asker.policy,
         on_call=asker.on_call,
     )
     cited: set[str] = set()

@@ -4,8 +4,9 @@ Parts are taken in the snapshot's order (source → message → part) and packed
 budget's material tokens (estimates, from the recorded byte sizes). A tool result stays with the
 call before it: when a unit would close between them, the call's parts move to the next unit too
 (when they fit). Each unit after the first repeats a few trailing parts of the one before it as
-context, so a fact split across the boundary is seen whole. Coverage is decided by this plan: every
-extractable part is in exactly one unit's own parts.
+context, so a fact split across the boundary is seen whole. A part over the material budget by itself
+is read alone, in consecutive slices of its text (code point ranges) that each fit. Coverage is decided
+by this plan: every extractable part is in exactly one unit's own parts, or in its slices end to end.
 
 A unit does not hold its parts: it records where they start in files.jsonl and records.jsonl and how
 many there are, so a plan over a long history stays small; `scan_unit` reads them again and checks
@@ -22,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from continuum_merge.extraction.errors import PackageUnreadable
-from continuum_merge.extraction.package import RecordRow, iter_files, iter_records, snapshot_identity
-from continuum_runtime.provider.tokens import estimate_tokens_of_bytes
+from continuum_merge.extraction.package import RecordRow, iter_files, iter_records, read_text_part, snapshot_identity
+from continuum_runtime.provider.tokens import BYTES_PER_TOKEN, estimate_tokens, estimate_tokens_of_bytes
 
 __all__ = ["EXTRACT_POLICY", "PartSpec", "UnitBudget", "UnitSpec", "plan_units", "scan_unit", "split_unit"]
 
@@ -40,8 +41,11 @@ class UnitBudget:
 
     # The request as a whole: material, instructions, wrapping, the answer and a safety margin.
     request_tokens: int = 16_384
-    # Reserved for the visible answer (also its max_output_tokens).
+    # The visible answer's target (a complete answer over it is still kept).
     output_tokens: int = 2_048
+    # Reasoning reserved beside the visible answer (0 for a model that does not think); the request's
+    # max_tokens is both together. Bounded by the window, not by the request target.
+    thinking_tokens: int = 0
     # max(1024, 5% of the window) by default.
     safety_tokens: int = 1_024
     # The fixed instructions and the request's JSON frame.
@@ -55,6 +59,8 @@ class UnitBudget:
     # Byte guards (bytes, not tokens): a request or a visible answer over them is split, never sent or used.
     request_bytes: int = 1024 * 1024
     response_bytes: int = 256 * 1024
+    # A unit whose own material is at most this many estimated tokens is not split again.
+    floor_tokens: int = MIN_MATERIAL_TOKENS
 
     def __post_init__(self) -> None:
         if self.material_tokens < MIN_MATERIAL_TOKENS:
@@ -63,6 +69,15 @@ class UnitBudget:
             raise ValueError("max_parts must be positive and overheads non-negative")
         if self.request_bytes < 1 or self.response_bytes < 1:
             raise ValueError("the byte guards must be positive")
+        if self.thinking_tokens < 0 or self.output_tokens < 1 or self.floor_tokens < MIN_MATERIAL_TOKENS:
+            raise ValueError(
+                f"output must be positive, thinking non-negative, the floor at least {MIN_MATERIAL_TOKENS}"
+            )
+
+    @property
+    def generation_tokens(self) -> int:
+        """What a request lets the model generate (its max_tokens): the visible target and the thinking reserve."""
+        return self.output_tokens + self.thinking_tokens
 
     @property
     def material_tokens(self) -> int:
@@ -106,13 +121,17 @@ class UnitSpec:
     part_count: int
     first_ref: str
     last_ref: str
+    # A split of a single part: the code points [start, end) of its text this unit reads; None: all of it.
+    slice: tuple[int, int] | None = None
 
     def input_json(self) -> str:
         """The bounded description stored with the unit row (no text, no part list): with the unit id
         and ordinal, everything `from_stored` needs to rebuild this spec.
         """
+        stored: dict[str, object] = {"slice": list(self.slice)} if self.slice is not None else {}
         return json.dumps(
-            {
+            stored
+            | {
                 "stage": self.stage,
                 "snapshotHash": self.snapshot_hash,
                 "processorVersion": self.processor_version,
@@ -145,6 +164,7 @@ class UnitSpec:
                 part_count=stored["parts"],
                 first_ref=stored["firstRef"],
                 last_ref=stored["lastRef"],
+                slice=_stored_slice(stored.get("slice")),
             )
         except (ValueError, TypeError, KeyError) as exc:
             raise ValueError(f"unit {unit_id} has a malformed stored input") from exc
@@ -153,6 +173,20 @@ class UnitSpec:
         if not all(isinstance(n, int) and n >= 0 for n in numbers) or not all(isinstance(t, str) for t in texts):
             raise ValueError(f"unit {unit_id} has a malformed stored input")
         return spec
+
+
+def _stored_slice(value: object) -> tuple[int, int] | None:
+    """A stored slice [start, end) of code points, None when absent; ValueError when malformed."""
+    if value is None:
+        return None
+    if (
+        not isinstance(value, list)
+        or len(value) != 2
+        or not all(isinstance(bound, int) and not isinstance(bound, bool) for bound in value)
+        or not 0 <= value[0] < value[1]
+    ):
+        raise ValueError("malformed slice")
+    return value[0], value[1]
 
 
 @dataclass(frozen=True)
@@ -173,6 +207,14 @@ def plan_units(package_dir: Path, *, processor_version: str, budget: UnitBudget)
     used = 0
     for located in _extractable(package_dir):
         cost = located.part.tokens(budget)
+        if cost > budget.material_tokens:
+            # A part over the material budget on its own: closed off alone, in slices that each fit.
+            if current:
+                units.append(_unit(len(units), snapshot_hash, processor_version, context, current))
+            for bounds in _slices(package_dir, located.part, budget):
+                units.append(_unit(len(units), snapshot_hash, processor_version, [], [located], bounds=bounds))
+            context, current, used = [], [], 0
+            continue
         if current and not _fits(used + cost, len(context) + len(current) + 1, budget):
             carried = _carried_call(current, located, cost, budget)
             own = current[: len(current) - len(carried)]
@@ -192,7 +234,7 @@ def plan_units(package_dir: Path, *, processor_version: str, budget: UnitBudget)
 def _fits(tokens: int, parts: int, budget: UnitBudget) -> bool:
     """Whether a unit of `parts` parts and `tokens` estimated tokens is within the budget.
 
-    A single part over the material budget still makes a unit of its own (shrinking it is not planning's).
+    (A part over the material budget on its own never gets here: it is planned in slices.)
     """
     return tokens <= budget.material_tokens and parts <= budget.max_parts
 
@@ -206,20 +248,43 @@ def scan_unit(package_dir: Path, spec: UnitSpec) -> tuple[list[PartSpec], list[P
     return parts[: spec.context_count], parts[spec.context_count :]
 
 
-def split_unit(package_dir: Path, spec: UnitSpec) -> tuple[UnitSpec, UnitSpec] | None:
+def split_unit(
+    package_dir: Path, spec: UnitSpec, *, floor_tokens: int = MIN_MATERIAL_TOKENS
+) -> tuple[UnitSpec, UnitSpec] | None:
     """Two children that cover `spec`'s own parts, first half and second half, without context;
-    None when the unit has a single part (there is nothing left to split: the caller pauses).
+    None when the unit has a single part or its own parts are at most `floor_tokens` estimated tokens
+    (the shrink floor: there is nothing left to split, the caller pauses).
 
     For a unit whose request or answer did not fit. The children's ids extend the parent's (``.0``,
     ``.1``), so they are as deterministic as the plan and sort in order under the parent's ordinal.
     """
     own = _scan(package_dir, spec)[spec.context_count :]
-    if len(own) < 2:
+    if len(own) == 1:
+        return _split_part(package_dir, spec, own[0], floor_tokens)
+    if sum(estimate_tokens_of_bytes(located.part.size) for located in own) <= floor_tokens:
         return None
     half = len(own) // 2
     first, second = (
         _unit(spec.ordinal, spec.snapshot_hash, spec.processor_version, [], parts, unit_id=f"{spec.unit_id}.{index}")
         for index, parts in enumerate((own[:half], own[half:]))
+    )
+    return first, second
+
+
+def _split_part(
+    package_dir: Path, spec: UnitSpec, located: _Located, floor_tokens: int
+) -> tuple[UnitSpec, UnitSpec] | None:
+    """A unit of one part (or one slice of it) cut into two slices, without context, at the middle code
+    point; None when the slice is at most `floor_tokens` estimated tokens."""
+    part = located.part
+    text = read_text_part(package_dir, part.path, size=part.size, sha256=part.sha256)
+    start, end = spec.slice or (0, len(text))
+    if end - start < 2 or estimate_tokens(text[start:end]) <= floor_tokens:
+        return None
+    middle = (start + end) // 2
+    first, second = (
+        _unit(spec.ordinal, spec.snapshot_hash, spec.processor_version, [], [located], unit_id=unit_id, bounds=bounds)
+        for unit_id, bounds in ((f"{spec.unit_id}.0", (start, middle)), (f"{spec.unit_id}.1", (middle, end)))
     )
     return first, second
 
@@ -319,11 +384,16 @@ def _unit(
     own: list[_Located],
     *,
     unit_id: str | None = None,
+    bounds: tuple[int, int] | None = None,
 ) -> UnitSpec:
-    """The spec of a unit over `context` and `own`; its id is derived from them unless given (split)."""
+    """The spec of a unit over `context` and `own` (a slice `bounds` of a single own part); its id is
+    derived from them unless given (split)."""
     first = context[0] if context else own[0]
     input_hash = _input_hash([located.part for located in [*context, *own]])
-    identity = json.dumps([snapshot_hash, STAGE, processor_version, input_hash, len(context)], separators=(",", ":"))
+    identity = json.dumps(
+        [snapshot_hash, STAGE, processor_version, input_hash, len(context), *([list(bounds)] if bounds else [])],
+        separators=(",", ":"),
+    )
     return UnitSpec(
         unit_id=unit_id or "x_" + hashlib.sha256(identity.encode()).hexdigest(),
         stage=STAGE,
@@ -337,7 +407,25 @@ def _unit(
         part_count=len(own),
         first_ref=own[0].part.ref,
         last_ref=own[-1].part.ref,
+        slice=bounds,
     )
+
+
+def _slices(package_dir: Path, part: PartSpec, budget: UnitBudget) -> list[tuple[int, int]]:
+    """Consecutive code point ranges of the part's text, each within the material budget (in estimated
+    tokens of its UTF-8 bytes)."""
+    text = read_text_part(package_dir, part.path, size=part.size, sha256=part.sha256)
+    limit = (budget.material_tokens - budget.part_overhead_tokens) * BYTES_PER_TOKEN
+    slices: list[tuple[int, int]] = []
+    start, size = 0, 0
+    for index, character in enumerate(text):
+        width = len(character.encode())
+        if size + width > limit and index > start:
+            slices.append((start, index))
+            start, size = index, 0
+        size += width
+    slices.append((start, len(text)))
+    return slices
 
 
 def _input_hash(parts: list[PartSpec]) -> str:

@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from continuum_merge.extraction.schema import OFFLINE_HINTS, SCHEMA_VERSION, SECTIONS, STATUSES
-from continuum_runtime.provider import ChatMessage, structured_header
+from continuum_runtime.provider import ChatMessage, estimate_message_tokens, structured_header
 
-__all__ = ["condense_request", "extract_request"]
+__all__ = ["CONDENSE_INSTRUCTIONS", "EXTRACT_INSTRUCTIONS", "condense_request", "extract_request", "instruction_tokens"]
 
 _ANSWER_FORMAT = (
     f'Answer with one JSON object only: {{"schemaVersion": {SCHEMA_VERSION}, "items": [{{"section": …, '
@@ -77,3 +77,9 @@ def _request(
         ChatMessage("system", f"{header}\n{instructions}"),
         ChatMessage("user", json.dumps(payload, ensure_ascii=False)),
     ]
+
+
+def instruction_tokens(instructions: str) -> int:
+    """Estimated tokens of the system message a request with `instructions` carries (header included)."""
+    header = structured_header("extract", sections=SECTIONS, statuses=STATUSES, hints=OFFLINE_HINTS)
+    return estimate_message_tokens("system", f"{header}\n{instructions}")

@@ -11,11 +11,12 @@ import asyncio
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from continuum_merge.extraction.budget import CallPolicy
 from continuum_merge.extraction.errors import AnswerInvalid, PackageUnreadable, UnitTooLarge
 from continuum_merge.extraction.package import WORK_DIR, file_sha256, read_text_part, write_atomic
 from continuum_merge.extraction.plan import PartSpec, UnitBudget, UnitSpec, scan_unit
@@ -25,17 +26,24 @@ from continuum_runtime.provider import (
     ChatMessage,
     Completion,
     ModelProvider,
+    ProviderBadResponse,
+    ProviderError,
+    ProviderInputTooLarge,
     ProviderOutputTruncated,
+    ProviderRateLimited,
+    ProviderUnavailable,
     Usage,
     estimate_message_tokens,
 )
 
 __all__ = [
     "RESULT_KIND",
+    "SHRINKABLE",
     "CallHook",
     "CallRecord",
     "UnitOutcome",
     "ask_items",
+    "complete_patiently",
     "item_id",
     "run_unit",
     "sum_usage",
@@ -84,6 +92,7 @@ async def run_unit(
     *,
     model: str,
     budget: UnitBudget | None = None,
+    policy: CallPolicy | None = None,
     on_call: CallHook | None = None,
 ) -> UnitOutcome:
     """Extract `spec`'s parts with `provider` and write ``work/<unit id>.json`` (file work in a thread).
@@ -94,16 +103,19 @@ async def run_unit(
     the unit must be split (`split_unit`); other `ProviderError`s propagate as they are; a damaged
     snapshot raises PackageUnreadable. Nothing is written unless the answer is accepted. `on_call`
     hears of every answered call, also those of a unit that then fails (their usage still counts).
+    Each call is made under `policy` (`complete_patiently`).
     """
     budget = budget or UnitBudget()
     context, own = await asyncio.to_thread(scan_unit, package_dir, spec)
-    inputs, by_alias = await asyncio.to_thread(_inputs, package_dir, context, own)
+    inputs, by_alias = await asyncio.to_thread(_inputs, package_dir, context, own, spec.slice)
     items, completion, calls = await ask_items(
         provider,
         lambda rejected: extract_request(inputs, rejected=rejected),
         by_alias,
         budget=budget,
         subject=spec.unit_id,
+        operation_id=package_dir.name,
+        policy=policy,
         on_call=on_call,
     )
     return await asyncio.to_thread(_write, spec, package_dir, model, completion, items, by_alias, calls)
@@ -116,16 +128,20 @@ async def ask_items(
     *,
     budget: UnitBudget,
     subject: str,
+    operation_id: str = "",
+    policy: CallPolicy | None = None,
     on_call: CallHook | None = None,
 ) -> tuple[list[AnswerItem], Completion, tuple[CallRecord, ...]]:
     """Send `request(None)`; when the answer fails the checks, send `request(problem)` once more.
 
+    `operation_id` (the package directory's name) and `subject` name the call in logs.
     Returns the checked items, the accepted completion and every call made. Raises AnswerInvalid
     (naming `subject`, a unit or condensing pack) when the repaired answer fails too, and UnitTooLarge
     when a request or an answer is over the budget's byte guards. `on_call(subject, call)` hears of
     each answered call as it ends, accepted, rejected or cut off (for per-call accounting). Logs ids, figures and
-    reasons only: never the request or the answer.
+    reasons only: never the request or the answer. Each call is made under `policy` (`complete_patiently`).
     """
+    policy = policy or CallPolicy()
     calls: list[CallRecord] = []
     rejected: str | None = None
     for attempt in (1, 2):
@@ -137,7 +153,14 @@ async def ask_items(
                 unit_id=subject,
             )
         try:
-            completion = await provider.complete(messages, max_output_tokens=budget.output_tokens)
+            completion = await complete_patiently(
+                provider,
+                messages,
+                max_output_tokens=budget.generation_tokens,
+                policy=policy,
+                subject=subject,
+                operation_id=operation_id,
+            )
         except ProviderOutputTruncated as truncated:
             # A cut-off answer is never used, but it was paid for.
             if on_call is not None:
@@ -147,12 +170,15 @@ async def ask_items(
         if on_call is not None:
             on_call(subject, calls[-1])
         figures = {
+            "operation_id": operation_id,
             "subject": subject,
             "attempt": attempt,
             "model": completion.model,
             "request_bytes": request_bytes,
             "estimated_input_tokens": sum(estimate_message_tokens(m.role, m.content) for m in messages),
-            "max_output_tokens": budget.output_tokens,
+            "material_tokens": budget.material_tokens,
+            "visible_target_tokens": budget.output_tokens,
+            "max_output_tokens": budget.generation_tokens,
             "finish_reason": completion.finish_reason,
             "usage_reported": completion.usage.reported,
         }
@@ -172,6 +198,71 @@ async def ask_items(
         logger.info("structured answer accepted", extra=figures | {"items": len(items)})
         return items, completion, tuple(calls)
     raise AnswerInvalid(f"{subject}: answer still invalid after one repair: {rejected}", unit_id=subject)
+
+
+# What a smaller input may cure: the request or the answer did not fit, or the model kept answering
+# outside the schema after its one repair. The caller bisects the input (a unit or a condensing pack).
+SHRINKABLE = (UnitTooLarge, ProviderInputTooLarge, ProviderOutputTruncated, AnswerInvalid)
+# Failures another attempt of the same request may cure: 429, 5xx, network, timeout, a garbled answer.
+_TRANSIENT = (ProviderRateLimited, ProviderUnavailable, ProviderBadResponse)
+
+
+async def complete_patiently(
+    provider: ModelProvider,
+    messages: Sequence[ChatMessage],
+    *,
+    max_output_tokens: int,
+    policy: CallPolicy,
+    subject: str,
+    operation_id: str = "",
+) -> Completion:
+    """`provider.complete` with the per-call timeout and up to `policy.attempts` attempts.
+
+    A rate limit, an unavailable provider (5xx, network), a call over its timeout or an answer that is
+    not a chat completion is tried again after the backoff (or the server's Retry-After) on the
+    policy's clock; the last attempt's error propagates (a timeout as `ProviderUnavailable`). Every
+    other `ProviderError` (credentials, a refused model, a prompt too large, a truncated answer)
+    propagates at once: another attempt of the same request cannot cure it.
+    """
+    for attempt in range(1, policy.attempts + 1):
+        try:
+            return await _within_timeout(provider.complete(messages, max_output_tokens=max_output_tokens), policy)
+        except ProviderError as error:
+            if not isinstance(error, _TRANSIENT) or attempt == policy.attempts:
+                raise
+            delay = policy.delay(attempt, getattr(error, "retry_after", None))
+            logger.warning(
+                "model call failed, trying again",
+                extra={
+                    "operation_id": operation_id,
+                    "subject": subject,
+                    "attempt": attempt,
+                    "model": provider.model,
+                    "error": type(error).__name__,
+                    "status": error.status,
+                    "request_id": error.request_id,
+                    "delay_seconds": delay,
+                },
+            )
+            await policy.clock.sleep(delay)
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+async def _within_timeout(call: Awaitable[Completion], policy: CallPolicy) -> Completion:
+    """`call`'s completion, or ProviderUnavailable once `policy.timeout_seconds` pass on its clock (the call
+    is cancelled, its connection closed)."""
+    task = asyncio.ensure_future(call)
+    timer = asyncio.ensure_future(policy.clock.sleep(policy.timeout_seconds))
+    try:
+        await asyncio.wait((task, timer), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        timer.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        raise ProviderUnavailable(f"model call timed out after {policy.timeout_seconds:g} s")
+    return task.result()
 
 
 def verify_unit_result(package_dir: Path, relative_path: str, sha256: str) -> Path:
@@ -210,14 +301,21 @@ def sum_usage(calls: Sequence[CallRecord]) -> Usage | None:
 
 
 def _inputs(
-    package_dir: Path, context: list[PartSpec], own: list[PartSpec]
+    package_dir: Path, context: list[PartSpec], own: list[PartSpec], bounds: tuple[int, int] | None
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-    """The request's inputs (text read and verified) and each alias's evidence entry."""
+    """The request's inputs (text read and verified; only the slice `bounds` of a split single part) and
+    each alias's evidence entry, with the UTF-16 range it covers."""
     inputs: list[dict[str, Any]] = []
     by_alias: dict[str, dict[str, Any]] = {}
     for number, part in enumerate([*context, *own], start=1):
         alias = f"i{number}"
-        text = read_text_part(package_dir, part.path, size=part.size, sha256=part.sha256)
+        whole = read_text_part(package_dir, part.path, size=part.size, sha256=part.sha256)
+        start, end = bounds if bounds is not None else (0, len(whole))
+        if end > len(whole):
+            raise PackageUnreadable(f"a slice of {part.ref} ends past its text")
+        text = whole[start:end]
+        # In UTF-16 code units (what editors and browsers index by).
+        first = len(whole[:start].encode("utf-16-le")) // 2
         entry: dict[str, Any] = {"alias": alias, "role": part.role, "source": part.session_id, "text": text}
         if number <= len(context):
             entry["context"] = True
@@ -227,8 +325,7 @@ def _inputs(
             "recordRef": part.record_ref,
             "part": part.part,
             "sessionId": part.session_id,
-            # The whole part, in UTF-16 code units (what editors and browsers index by).
-            "utf16": [0, len(text.encode("utf-16-le")) // 2],
+            "utf16": [first, first + len(text.encode("utf-16-le")) // 2],
         }
     return inputs, by_alias
 
