@@ -42,9 +42,9 @@ table, in full:
 A few refusals are more precise than their code (`REASON_HTTP_STATUS`): reason UPGRADE_REQUIRED
 (FAILED_PRECONDITION: the peer lacks a required capability such as ``transcript-v2``) is HTTP 426
 and close code 4426; REQUEST_TOO_LARGE (INVALID_ARGUMENT) is 413; REQUEST_TIMEOUT
-(DEADLINE_EXCEEDED: the client's body stalled) is 408; METHOD_NOT_ALLOWED (UNIMPLEMENTED) is 405; a
-merge refused for the state it is in (MERGE_SOURCE_BUSY, MERGE_STALE_OPERATION, MERGE_ALREADY_COMPLETED,
-MERGE_CANCEL_CLEANUP: FAILED_PRECONDITION) is 409 like its other conflicts.
+(DEADLINE_EXCEEDED: the client's body stalled) is 408; METHOD_NOT_ALLOWED (UNIMPLEMENTED) is 405; a refusal
+for the state a resource is in (`STATE_CONFLICTS`: SESSION_ALREADY_RUNNING, and a merge's MERGE_SOURCE_BUSY,
+MERGE_STALE_OPERATION, MERGE_ALREADY_COMPLETED, MERGE_CANCEL_CLEANUP; all FAILED_PRECONDITION) is 409.
 
 A service's conflict may carry a resource as a further status detail: a merge conflict carries the
 merge operation as it stands after the refusal. The details of the types in `RELAYED_DETAILS` are
@@ -73,6 +73,7 @@ from starlette.types import ExceptionHandler
 
 from continuum.merge.v1 import error_reason_pb2 as merge_reasons
 from continuum.merge.v1 import resources_pb2 as merge_resources
+from continuum.transcript.v1 import error_reason_pb2 as transcript_reasons
 from continuum_runtime.errors import FieldViolation, error_details
 
 logger = logging.getLogger("continuum.gateway")
@@ -122,16 +123,20 @@ REQUEST_TOO_LARGE = "REQUEST_TOO_LARGE"
 REQUEST_TIMEOUT = "REQUEST_TIMEOUT"
 # The route exists, but not with this method.
 METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
-# A merge refused because of the state it is in (seed 000 §5.3: a conflict with the operation, which the
-# body carries), not because of the request: 409, as for its ALREADY_EXISTS refusals.
-MERGE_STATE_CONFLICTS = tuple(
-    merge_reasons.ErrorReason.Name(reason)
-    for reason in (
-        merge_reasons.MERGE_SOURCE_BUSY,
-        merge_reasons.MERGE_STALE_OPERATION,
-        merge_reasons.MERGE_ALREADY_COMPLETED,
-        merge_reasons.MERGE_CANCEL_CLEANUP,
-    )
+# Refusals because of the state a resource is in, not because of the request (FAILED_PRECONDITION): a
+# conflict, 409, as the seeds answer them. A session running a turn (seed 003); a merge whose state
+# refuses the call (seed 000 §5.3), whose body carries the operation.
+STATE_CONFLICTS = (
+    transcript_reasons.ErrorReason.Name(transcript_reasons.SESSION_ALREADY_RUNNING),
+    *(
+        merge_reasons.ErrorReason.Name(reason)
+        for reason in (
+            merge_reasons.MERGE_SOURCE_BUSY,
+            merge_reasons.MERGE_STALE_OPERATION,
+            merge_reasons.MERGE_ALREADY_COMPLETED,
+            merge_reasons.MERGE_CANCEL_CLEANUP,
+        )
+    ),
 )
 # ErrorInfo reasons with a more precise answer than their gRPC code's, in both tables.
 REASON_HTTP_STATUS: Mapping[str, int] = {
@@ -139,7 +144,7 @@ REASON_HTTP_STATUS: Mapping[str, int] = {
     REQUEST_TOO_LARGE: 413,
     REQUEST_TIMEOUT: 408,
     METHOD_NOT_ALLOWED: 405,
-    **dict.fromkeys(MERGE_STATE_CONFLICTS, 409),
+    **dict.fromkeys(STATE_CONFLICTS, 409),
 }
 REASON_CLOSE_CODE: Mapping[str, int] = {reason: 4000 + status for reason, status in REASON_HTTP_STATUS.items()}
 

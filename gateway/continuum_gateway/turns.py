@@ -21,29 +21,16 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from continuum.agent.v1 import agent_service_pb2 as api
-from continuum_gateway.errors import UpstreamError, body_response, upstream_error_body
 from continuum_gateway.protojson import json_response
 from continuum_gateway.routing import Operation, bind, resource
 from continuum_gateway.settings import GatewaySettings
 from continuum_gateway.upstream import call_agent
 
-# The refusal of a turn while the session runs one (transcript's RUN claim, or the agent's own record of
-# the turn): a conflict with the session's state, answered 409 rather than FAILED_PRECONDITION's 400.
-SESSION_ALREADY_RUNNING = "SESSION_ALREADY_RUNNING"
-
 
 async def start_turn(request: Request) -> Response:
     """Store the user's message and start the agent's turn in the background."""
     message = await bind(request, api.StartTurnRequest())
-    try:
-        response: api.StartTurnResponse = await call_agent(request, lambda a: a.StartTurn, message)
-    except UpstreamError as failure:
-        body = upstream_error_body(failure)
-        reasons = [detail.get("reason") for detail in body["error"]["details"]]
-        if SESSION_ALREADY_RUNNING not in reasons:
-            raise
-        body["error"]["code"] = 409
-        return body_response(body)
+    response: api.StartTurnResponse = await call_agent(request, lambda a: a.StartTurn, message)
     return json_response(response, status_code=202)
 
 

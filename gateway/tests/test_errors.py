@@ -19,6 +19,7 @@ from starlette.types import Receive, Scope, Send
 from continuum.gateway.v1 import error_reason_pb2 as gateway_reasons
 from continuum.merge.v1 import error_reason_pb2 as merge_reasons
 from continuum.merge.v1 import resources_pb2 as merge_resources
+from continuum.transcript.v1 import error_reason_pb2 as transcript_reasons
 from continuum.transcript.v1 import resources_pb2 as transcript_resources
 from continuum_gateway.access_log import AccessLogMiddleware
 from continuum_gateway.app import create_app
@@ -327,6 +328,12 @@ def test_reasons_more_precise_than_their_code_have_their_own_status() -> None:
     assert http_status_for(grpc.StatusCode.INVALID_ARGUMENT, "REQUEST_TOO_LARGE") == 413
     assert http_status_for(grpc.StatusCode.UNIMPLEMENTED, "METHOD_NOT_ALLOWED") == 405
     assert http_status_for(grpc.StatusCode.FAILED_PRECONDITION, "MERGE_ALREADY_COMPLETED") == 409
-    assert http_status_for(grpc.StatusCode.FAILED_PRECONDITION, "SESSION_ALREADY_RUNNING") == 400
-    # Every such reason is one the gateway's or merge's contract names.
-    assert set(REASON_HTTP_STATUS) <= {*gateway_reasons.ErrorReason.keys(), *merge_reasons.ErrorReason.keys()}
+    assert http_status_for(grpc.StatusCode.FAILED_PRECONDITION, "SESSION_ALREADY_RUNNING") == 409
+    assert http_status_for(grpc.StatusCode.FAILED_PRECONDITION, "ATTEMPT_CONFLICT") == 400
+    # Every such reason is one a contract names.
+    named = {
+        *gateway_reasons.ErrorReason.keys(),
+        *merge_reasons.ErrorReason.keys(),
+        *transcript_reasons.ErrorReason.keys(),
+    }
+    assert set(REASON_HTTP_STATUS) <= named
