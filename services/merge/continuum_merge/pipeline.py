@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
+from continuum.merge.v1 import error_code_pb2
 from continuum_merge.admission import TreeCut
 from continuum_merge.store import NewUnit, Unit
 
@@ -40,10 +41,14 @@ class UnitDone:
 class StageStop(Exception):
     """A stage cannot go on: pause (resumable by the user), fail (cancel only) or retry later by itself.
 
-    `code` is a MergeErrorCode name; the message is shown to the user (ids and counts, never content).
+    `code` is a MergeErrorCode name (empty: no code to show, e.g. a retry after an unexpected failure); the
+    message is shown to the user (ids and counts, never content). A name the contract does not define is a
+    bug here, not an UNSPECIFIED code in a client's progress.
     """
 
     def __init__(self, code: str, message: str, outcome: Literal["paused", "failed", "retry"]) -> None:
+        if code and code not in error_code_pb2.MergeErrorCode.DESCRIPTOR.values_by_name:
+            raise ValueError(f"{code!r} is not a MergeErrorCode")
         super().__init__(message)
         self.code = code
         self.message = message

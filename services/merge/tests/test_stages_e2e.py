@@ -33,7 +33,7 @@ from continuum_merge.extraction import (
     UnitTooLarge,
     verify_handoff,
 )
-from continuum_merge.pipeline import Sealed
+from continuum_merge.pipeline import Sealed, StageStop
 from continuum_merge.server import open_transcript
 from continuum_merge.snapshot import (
     DiskReserveShort,
@@ -418,3 +418,10 @@ async def test_units_over_the_request_guard_are_split_and_their_halves_complete(
     assert outcomes["error"] == states["split"]
     progress = operation.progress.progress
     assert progress.completed_units == progress.known_units == states["completed"]
+
+
+def test_a_stage_stop_names_a_code_of_the_contract_or_none() -> None:
+    assert StageStop("PACKAGE_DAMAGED", "damaged", "paused").code == "PACKAGE_DAMAGED"
+    assert StageStop("", "unexpected", "retry").code == ""
+    with pytest.raises(ValueError, match="not a MergeErrorCode"):
+        StageStop("PACKAGE_BROKEN", "misspelt", "paused")
