@@ -8,6 +8,7 @@ so a symlink cannot lead a tool out. A result is a JSON object; one cut short sa
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -153,7 +154,9 @@ def _list_directory(workspace: Workspace, arguments: dict[str, Any]) -> dict[str
     entries: list[dict[str, Any]] = []
     truncated = False
     with os.scandir(directory) as scanned:
-        for entry in sorted(scanned, key=lambda e: e.name):
+        # The first MAX_ENTRIES names (plus one, to know there are more), without holding every entry
+        # of a huge directory.
+        for entry in heapq.nsmallest(MAX_ENTRIES + 1, scanned, key=lambda e: e.name):
             if len(entries) == MAX_ENTRIES:
                 truncated = True
                 break

@@ -29,6 +29,7 @@ from typing import TypeVar
 from google.protobuf import struct_pb2
 
 from continuum.compaction.v1 import compaction_service_pb2 as capi
+from continuum.transcript.v1 import error_reason_pb2 as transcript_reasons
 from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum_agent.clients import Upstreams
@@ -42,7 +43,7 @@ from continuum_runtime.provider import ProviderError
 logger = logging.getLogger("continuum.agent")
 T = TypeVar("T")
 # Transcript's reason for a claim that expired or was released.
-CLAIM_NOT_HELD = "CLAIM_NOT_HELD"
+CLAIM_NOT_HELD = transcript_reasons.ErrorReason.Name(transcript_reasons.CLAIM_NOT_HELD)
 
 SYSTEM_PROMPT = (
     "You are the Continuum reference agent. You can list, read and search the files of the session's "

@@ -64,7 +64,7 @@ async def get_active_merge(request: Request) -> Response:
 async def resume_merge(request: Request) -> Response:
     """Resume a paused merge at the run epoch the caller saw, optionally with another model.
 
-    A resume of an operation that moved on (another resume won, it is no longer paused) is 400
+    A resume of an operation that moved on (another resume won, it is no longer paused) is 409
     MERGE_STALE_OPERATION carrying the operation as it stands.
     """
     message = await bind(request, api.ResumeMergeRequest())
@@ -74,7 +74,7 @@ async def resume_merge(request: Request) -> Response:
 async def cancel_merge(request: Request) -> Response:
     """Cancel an unfinished merge; cancelling a cancelled one answers it again.
 
-    A completed merge can no longer be cancelled: 400 MERGE_ALREADY_COMPLETED carrying it.
+    A completed merge can no longer be cancelled: 409 MERGE_ALREADY_COMPLETED carrying it.
     """
     message = await bind(request, api.CancelMergeRequest())
     return json_response(await call_merge(request, lambda m: m.CancelMerge, message))

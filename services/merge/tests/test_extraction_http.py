@@ -185,7 +185,7 @@ async def test_an_answer_citing_unknown_aliases_twice_fails_the_unit_without_a_r
         (unit.unit_id, Usage()),
     ]
     repair = json.loads(server.requests[1].json()["messages"][1]["content"])
-    assert "did not give: 'i9'" in repair["previousAnswerRejected"]
+    assert "cites 1 alias(es) this request did not give: i9" in repair["previousAnswerRejected"]
     assert not (package / "work").exists()
     # Logs name the problem, never the history or the answer.
     assert SECRET_TEXT not in caplog.text and "B still reads" not in caplog.text

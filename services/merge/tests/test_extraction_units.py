@@ -17,7 +17,7 @@ from continuum_merge.extraction import (
     scan_unit,
     verify_unit_result,
 )
-from continuum_merge.extraction.schema import SECTIONS, STATUSES
+from continuum_merge.extraction.schema import SECTIONS, STATUSES, AnswerProblem, parse_answer
 from continuum_runtime.provider import OFFLINE_MODEL, OfflineProvider
 
 # Three parts per unit at most, so eight short messages make several units.
@@ -135,3 +135,16 @@ async def test_a_unit_planned_over_another_snapshot_is_refused(tmp_path: Path) -
         (package / "snapshot" / name).write_bytes((resealed / name).read_bytes())
     with pytest.raises(PackageUnreadable, match="another snapshot"):
         await run_unit(unit, package, OfflineProvider(), model="", budget=BUDGET)
+
+
+def test_an_answer_citing_unknown_aliases_is_refused_quoting_only_alias_shaped_words() -> None:
+    answer = json.dumps(
+        {
+            "schemaVersion": 2,
+            "items": [{"section": "changes", "content": "x", "status": "recorded", "evidence": ["i9", "the secret"]}],
+        }
+    )
+    with pytest.raises(AnswerProblem) as refused:
+        parse_answer(answer, {"i1"})
+    assert "cites 2 alias(es) this request did not give: i9" in str(refused.value)
+    assert "secret" not in str(refused.value)

@@ -7,6 +7,7 @@ from its request; the program checks all of it, then maps aliases to part refs a
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +53,9 @@ OFFLINE_HINTS = {
     "other": ("state_conclusions", "recorded"),
 }
 _ITEM_KEYS = frozenset({"section", "status", "content", "evidence"})
+
+# What an input alias looks like (the program writes them: i1, i2, ...).
+_ALIAS_SHAPE = re.compile(r"i[0-9]{1,6}")
 
 
 class AnswerProblem(ValueError):
@@ -100,9 +104,13 @@ def _item(index: int, value: Any, aliases: Collection[str]) -> AnswerItem:
         raise AnswerProblem(f"{where}.evidence must be a non-empty array of input aliases")
     unknown = [alias for alias in evidence if alias not in aliases]
     if unknown:
-        # Aliases are program-made and short; quoting a bounded number of them is safe.
-        shown = ", ".join(repr(alias[:16]) for alias in unknown[:3])
-        raise AnswerProblem(f"{where}.evidence cites aliases this request did not give: {shown}")
+        # The words go back to the model and into logs: only strings of the aliases' own shape (i1, i2, ...)
+        # are quoted, never other text the model wrote there.
+        shown = ", ".join(alias for alias in unknown[:3] if _ALIAS_SHAPE.fullmatch(alias))
+        raise AnswerProblem(
+            f"{where}.evidence cites {len(unknown)} alias(es) this request did not give"
+            + (f": {shown}" if shown else "")
+        )
     return AnswerItem(section, status, content.strip(), tuple(dict.fromkeys(evidence)))
 
 

@@ -36,20 +36,11 @@ from continuum_merge.snapshot.reader import TranscriptSourceReader, capture_cut
 from continuum_merge.snapshot.verify import verify_snapshot
 from continuum_runtime.auth import call_metadata
 from continuum_runtime.channels import open_channel
+from continuum_runtime.process_memory import peak_rss_bytes
 
 CLAIM_TTL_SECONDS = 60
 CLAIM_RENEW_SECONDS = 20
 CALL_TIMEOUT_SECONDS = 120.0
-
-
-def _peak_rss_mib() -> float:
-    """This process's peak resident set: VmHWM (getrusage's ru_maxrss would include the RSS of the
-    parent this process was forked from, which Linux keeps across exec)."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _report(sealed: SealedSnapshot, seconds: float) -> None:
@@ -58,7 +49,7 @@ def _report(sealed: SealedSnapshot, seconds: float) -> None:
         **asdict(sealed),
         "seconds": round(seconds, 3),
         "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 3),
-        "peak_rss_mib": round(_peak_rss_mib(), 1),
+        "peak_rss_mib": round(peak_rss_bytes(os.getpid()) / 2**20, 1),
     }
     sys.stdout.write(json.dumps(line) + "\n")
 
