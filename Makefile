@@ -45,7 +45,7 @@ buf-lint: $(BUF)
 # renamed or removed, a type changed) fails lint. `make release-protos` records the current contracts when a
 # release is cut; merge's contract is left out until its service ships, so it can still change freely.
 # Both sides are single images (the workspace has two modules: ours and the vendored google/api).
-RELEASE_EXCLUDE := --exclude-path protos/continuum/merge
+RELEASE_EXCLUDE := --exclude-path protos/continuum/merge --exclude-path protos/continuum/handoff_read
 
 buf-breaking: $(BUF)
 	$(BUF) build protos -o .tools/current.binpb
@@ -60,7 +60,7 @@ lint: $(DEV) protos-check buf-lint buf-breaking
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	# One mypy run per suite: every suite has its own conftest.py.
-	for tree in runtime services/transcript services/compaction services/merge agent clients gateway "cli tests" "bench scripts conftest.py"; do $(VENV)/bin/mypy $$tree || exit 1; done
+	for tree in runtime services/transcript services/compaction services/merge services/handoff-read agent clients gateway "cli tests" "bench scripts conftest.py"; do $(VENV)/bin/mypy $$tree || exit 1; done
 	$(VENV)/bin/lint-imports --no-cache --no-logo
 
 test: setup lint

@@ -1,0 +1,1 @@
+"""Handoff-read tests read real merge packages and talk to real transcript and merge servers."""
