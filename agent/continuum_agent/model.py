@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
-import random
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,20 +19,8 @@ import httpx
 
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum_agent import tools
-from continuum_runtime.provider import (
-    ProviderAuthFailed,
-    ProviderBadResponse,
-    ProviderError,
-    ProviderInputTooLarge,
-    ProviderOutputTruncated,
-    ProviderRateLimited,
-    ProviderRequestRejected,
-    ProviderSettings,
-    ProviderUnavailable,
-)
-from continuum_runtime.provider.retry import backoff_delay, parse_retry_after
-
-logger = logging.getLogger("continuum.agent")
+from continuum_runtime.provider import ProviderBadResponse, ProviderOutputTruncated, ProviderSettings
+from continuum_runtime.provider.openai_http import ChatAnswer, post_chat_completion
 
 OFFLINE_MODEL_NAME = "continuum-offline-agent"
 Sleep = Callable[[float], Awaitable[None]]
@@ -170,7 +156,6 @@ _ROLES = {
     tpb.MESSAGE_ROLE_TOOL: "tool",
     tpb.MESSAGE_ROLE_SYSTEM: "system",
 }
-_FIRST_BACKOFF_SECONDS = 0.5
 
 
 def chat_messages(system_prompt: str, history: Sequence[tpb.Message]) -> list[dict[str, Any]]:
@@ -199,8 +184,8 @@ def chat_messages(system_prompt: str, history: Sequence[tpb.Message]) -> list[di
 
 
 class OpenAIChatModel:
-    """POSTs `{base_url}/chat/completions` with the tool definitions; retries 408/409/429/5xx and transport
-    failures with backoff (or the server's Retry-After) up to `max_retries` times."""
+    """POSTs `{base_url}/chat/completions` with the tool definitions, under the runtime's one retry policy
+    and response byte limit (`post_chat_completion`)."""
 
     name = "openai-compatible"
 
@@ -238,93 +223,41 @@ class OpenAIChatModel:
             "messages": chat_messages(system_prompt, history),
             "tools": tools.DEFINITIONS,
         }
-        attempts = self._settings.max_retries + 1
-        for attempt in range(1, attempts + 1):
-            response: httpx.Response | None = None
-            failure: httpx.TransportError | None = None
-            try:
-                response = await self._client.post(self._url, json=body)
-            except httpx.TransportError as error:
-                failure = error
-            retry_after = None
-            if response is not None:
-                if response.is_success:
-                    return self._parse(response)
-                if response.status_code not in (408, 409, 429) and response.status_code < 500:
-                    raise _refusal(response.status_code)
-                retry_after = parse_retry_after(response.headers.get("retry-after"))
-            if attempt == attempts:
-                if response is None:
-                    raise ProviderUnavailable(f"chat completion failed after {attempts} attempts") from failure
-                if response.status_code == 429:
-                    raise ProviderRateLimited(
-                        f"chat completion rate limited after {attempts} attempts",
-                        retry_after=retry_after,
-                        status=429,
-                    )
-                raise ProviderUnavailable(
-                    f"chat completion failed with HTTP {response.status_code} after {attempts} attempts",
-                    status=response.status_code,
-                )
-            delay = backoff_delay(
-                attempt,
-                first_seconds=_FIRST_BACKOFF_SECONDS,
-                max_seconds=self._settings.max_backoff_seconds,
-                jitter=random.random(),
-                retry_after=retry_after,
-            )
-            logger.warning(
-                "chat completion attempt failed, retrying",
-                extra={
-                    "attempt": attempt,
-                    "status": response.status_code if response is not None else None,
-                    "delay_seconds": round(delay, 3),
-                },
-            )
-            await self._sleep(delay)
-        raise AssertionError("unreachable: the last attempt returns or raises")
+        answer = await post_chat_completion(
+            self._client, self._url, body, self._settings, sleep=self._sleep, provider=self.name
+        )
+        return self._parse(answer)
 
-    def _parse(self, response: httpx.Response) -> Reply:
-        try:
-            payload = response.json()
-        except ValueError:
-            raise ProviderBadResponse("chat completion response is not JSON", status=response.status_code) from None
+    def _parse(self, answer: ChatAnswer) -> Reply:
+        payload, status = answer.payload, answer.status
         choices = payload.get("choices") if isinstance(payload, dict) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            raise ProviderBadResponse("chat completion response has no choices", status=response.status_code)
+            raise ProviderBadResponse("chat completion response has no choices", status=status)
         choice = choices[0]
         if choice.get("finish_reason") == "length":
-            raise ProviderOutputTruncated("chat completion hit the output token limit", status=response.status_code)
+            raise ProviderOutputTruncated("chat completion hit the output token limit", status=status)
         message = choice.get("message")
         if not isinstance(message, dict):
-            raise ProviderBadResponse("chat completion response has no message", status=response.status_code)
+            raise ProviderBadResponse("chat completion response has no message", status=status)
         content = message.get("content") or ""
         if not isinstance(content, str):
-            raise ProviderBadResponse("chat completion content is not text", status=response.status_code)
+            raise ProviderBadResponse("chat completion content is not text", status=status)
         calls: list[ToolRequest] = []
         raw_calls = message.get("tool_calls") or []
         if not isinstance(raw_calls, list):
-            raise ProviderBadResponse("chat completion tool_calls is not a list", status=response.status_code)
+            raise ProviderBadResponse("chat completion tool_calls is not a list", status=status)
         for index, raw in enumerate(raw_calls):
             function = raw.get("function") if isinstance(raw, dict) else None
             name = function.get("name") if isinstance(function, dict) else None
             if not isinstance(name, str) or not name:
-                raise ProviderBadResponse("a tool call has no function name", status=response.status_code)
+                raise ProviderBadResponse("a tool call has no function name", status=status)
             arguments = function.get("arguments") if isinstance(function, dict) else ""
             call_id = raw.get("id") if isinstance(raw.get("id"), str) and raw.get("id") else f"call-{index + 1}"
             calls.append(ToolRequest(call_id[:256], name[:256], arguments if isinstance(arguments, str) else ""))
         if not content and not calls:
-            raise ProviderBadResponse("chat completion has neither content nor tool calls", status=response.status_code)
+            raise ProviderBadResponse("chat completion has neither content nor tool calls", status=status)
         deltas = [content[i : i + self._chunk] for i in range(0, len(content), self._chunk)]
         return Reply(deltas, calls)
-
-
-def _refusal(status: int) -> ProviderError:
-    if status in (401, 403):
-        return ProviderAuthFailed(f"provider refused the credentials (HTTP {status})", status=status)
-    if status == 413:
-        return ProviderInputTooLarge(f"prompt does not fit the model's context (HTTP {status})", status=status)
-    return ProviderRequestRejected(f"provider rejected the request (HTTP {status})", status=status)
 
 
 def open_model(settings: ProviderSettings, delta_seconds: float, chunk_max_chars: int) -> AgentModel:

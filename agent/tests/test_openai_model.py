@@ -13,7 +13,7 @@ from model_server_testing import MODEL, FakeModelServer, Reply, json_reply
 
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum_agent.model import OpenAIChatModel, message_text
-from continuum_runtime.provider import ProviderSettings
+from continuum_runtime.provider import ProviderBadResponse, ProviderInputTooLarge, ProviderSettings
 
 API_KEY = "sk-PRIVATE-test-key"
 
@@ -108,3 +108,22 @@ async def test_a_failing_provider_ends_the_turn_with_a_note_and_frees_the_sessio
 
     assert [m.role for m in messages] == [tpb.MESSAGE_ROLE_USER, tpb.MESSAGE_ROLE_ASSISTANT]
     assert message_text(messages[1]).startswith(f"The model provider failed ({reason})")
+
+
+async def test_an_oversized_answer_is_refused_unread_and_a_refusal_is_classified(server: FakeModelServer) -> None:
+    """The agent's model shares the runtime's exchange: its byte limit and its refusal classes."""
+    settings = ProviderSettings(
+        kind="openai", base_url=server.url, model=MODEL, api_key=API_KEY, max_retries=0, max_response_bytes=64 * 1024
+    )
+    model = OpenAIChatModel(settings)
+    history = [tpb.Message(role=tpb.MESSAGE_ROLE_USER, content=[tpb.ContentPart(text="hello")])]
+    try:
+        server.script(answer_reply("x" * (4 * 1024 * 1024)))
+        with pytest.raises(ProviderBadResponse, match="over 65536 bytes"):
+            await model.reply("", history)
+        server.script(json_reply({"error": {"code": "context_length_exceeded", "message": "too long"}}, status=400))
+        with pytest.raises(ProviderInputTooLarge):
+            await model.reply("", history)
+    finally:
+        await model.aclose()
+    assert len(server.requests) == 2

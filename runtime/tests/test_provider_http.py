@@ -311,6 +311,17 @@ async def test_malformed_success_is_bad_response(
     assert sleeps.calls == []
 
 
+async def test_a_response_over_the_byte_limit_is_refused_unread_and_not_retried(
+    server: FakeModelServer, connect: Connect, sleeps: SleepRecorder
+) -> None:
+    # 4 MiB of answer against a 64 KiB limit: refused as soon as the limit is passed, never retried.
+    server.script(completion("x" * (4 * 1024 * 1024)))
+    with pytest.raises(ProviderBadResponse, match="over 65536 bytes"):
+        await connect(max_response_bytes=64 * 1024).complete(MESSAGES)
+    assert len(server.requests) == 1
+    assert sleeps.calls == []
+
+
 @pytest.mark.parametrize("limit", [0, -1])
 async def test_an_output_limit_below_one_is_refused_before_any_request(
     server: FakeModelServer, connect: Connect, limit: int

@@ -8,9 +8,11 @@ Logs carry statuses, attempt numbers and delays only: never prompts, answers or 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -29,7 +31,7 @@ from .errors import (
 from .retry import backoff_delay, parse_retry_after
 from .settings import ProviderSettings
 
-__all__ = ["OpenAICompatibleProvider", "Sleep"]
+__all__ = ["ChatAnswer", "OpenAICompatibleProvider", "Sleep", "post_chat_completion"]
 
 logger = logging.getLogger("continuum.provider")
 
@@ -92,44 +94,100 @@ class OpenAICompatibleProvider:
         }
         if max_output_tokens is not None:
             body["max_tokens"] = max_output_tokens
-        attempts = self._settings.max_retries + 1
-        for attempt in range(1, attempts + 1):
-            response: httpx.Response | None = None
-            error: httpx.TransportError | None = None
-            try:
-                response = await self._client.post(self._url, json=body)
-            except httpx.TransportError as exc:  # connection failures and every kind of timeout
-                error = exc
-            except httpx.DecodingError as exc:
-                raise ProviderBadResponse("chat completion response could not be decoded") from exc
-            retry_after = None
-            if response is not None:
-                if response.is_success:
-                    return _completion(response, self.model)
-                if not _retried(response.status_code):
-                    raise _refusal(response)
-                retry_after = parse_retry_after(response.headers.get("retry-after"))
-            if attempt == attempts:
-                raise _exhausted(response, error, attempts, retry_after) from error
-            delay = backoff_delay(
-                attempt,
-                first_seconds=_FIRST_BACKOFF_SECONDS,
-                max_seconds=self._settings.max_backoff_seconds,
-                jitter=random.random(),
-                retry_after=retry_after,
+        answer = await post_chat_completion(
+            self._client, self._url, body, self._settings, sleep=self._sleep, provider=self.name
+        )
+        return _completion(answer, self.model)
+
+
+@dataclass(frozen=True)
+class ChatAnswer:
+    """A successful chat-completions response: its status, the server's request id and the parsed JSON."""
+
+    status: int
+    request_id: str | None
+    payload: Any = field(repr=False)
+
+
+async def post_chat_completion(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    settings: ProviderSettings,
+    *,
+    sleep: Sleep,
+    provider: str,
+) -> ChatAnswer:
+    """POST `body` to `url` under the retry policy of `settings`; the parsed answer of the first success.
+
+    Every client of a chat-completions server (the provider here, the reference agent's tool-calling
+    model) goes through this one loop. A response body is read as a stream and refused past
+    `settings.max_response_bytes`, so a misbehaving server cannot grow the caller's memory.
+    """
+    attempts = settings.max_retries + 1
+    for attempt in range(1, attempts + 1):
+        status: int | None = None
+        error: httpx.TransportError | None = None
+        try:
+            async with client.stream("POST", url, json=body) as response:
+                status, headers = response.status_code, response.headers
+                content = await _read_bounded(response, settings.max_response_bytes)
+        except httpx.TransportError as exc:  # connection failures and every kind of timeout, body included
+            status, error = None, exc
+        except httpx.DecodingError as exc:
+            raise ProviderBadResponse("chat completion response could not be decoded") from exc
+        retry_after = None
+        if status is not None:
+            request_id = headers.get("x-request-id")
+            if 200 <= status < 300:
+                return ChatAnswer(status, request_id, _json(content, status, request_id))
+            if not _retried(status):
+                raise _refusal(status, request_id, content)
+            retry_after = parse_retry_after(headers.get("retry-after"))
+        if attempt == attempts:
+            raise _exhausted(status, headers if status is not None else None, error, attempts, retry_after) from error
+        delay = backoff_delay(
+            attempt,
+            first_seconds=_FIRST_BACKOFF_SECONDS,
+            max_seconds=settings.max_backoff_seconds,
+            jitter=random.random(),
+            retry_after=retry_after,
+        )
+        logger.warning(
+            "chat completion attempt failed, retrying",
+            extra={
+                "provider": provider,
+                "attempt": attempt,
+                "status": status,
+                "error": type(error).__name__ if error is not None else None,
+                "delay_seconds": round(delay, 3),
+            },
+        )
+        await sleep(delay)
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+async def _read_bounded(response: httpx.Response, limit: int) -> bytes:
+    """The whole body, or ProviderBadResponse as soon as it passes `limit` bytes."""
+    received = bytearray()
+    async for piece in response.aiter_bytes():
+        received += piece
+        if len(received) > limit:
+            raise ProviderBadResponse(
+                f"chat completion response is over {limit} bytes; it was not read further",
+                status=response.status_code,
+                request_id=response.headers.get("x-request-id"),
             )
-            logger.warning(
-                "chat completion attempt failed, retrying",
-                extra={
-                    "provider": self.name,
-                    "attempt": attempt,
-                    "status": response.status_code if response is not None else None,
-                    "error": type(error).__name__ if error is not None else None,
-                    "delay_seconds": round(delay, 3),
-                },
-            )
-            await self._sleep(delay)
-        raise AssertionError("unreachable: the last attempt returns or raises")
+    return bytes(received)
+
+
+def _json(content: bytes, status: int, request_id: str | None) -> Any:
+    try:
+        return json.loads(content)
+    except ValueError:
+        raise ProviderBadResponse(
+            f"chat completion response is not JSON (HTTP {status})", status=status, request_id=request_id
+        ) from None
 
 
 def _retried(status: int) -> bool:
@@ -137,11 +195,15 @@ def _retried(status: int) -> bool:
 
 
 def _exhausted(
-    response: httpx.Response | None, error: httpx.TransportError | None, attempts: int, retry_after: float | None
+    status: int | None,
+    headers: httpx.Headers | None,
+    error: httpx.TransportError | None,
+    attempts: int,
+    retry_after: float | None,
 ) -> ProviderError:
-    if response is None:
+    if status is None or headers is None:
         return ProviderUnavailable(f"chat completion failed after {attempts} attempts: {type(error).__name__}")
-    status, request_id = response.status_code, response.headers.get("x-request-id")
+    request_id = headers.get("x-request-id")
     if status == 429:
         return ProviderRateLimited(
             f"chat completion rate limited (HTTP 429) after {attempts} attempts",
@@ -154,10 +216,9 @@ def _exhausted(
     )
 
 
-def _refusal(response: httpx.Response) -> ProviderError:
+def _refusal(status: int, request_id: str | None, content: bytes) -> ProviderError:
     """The error for a status that trying again will not fix."""
-    status, request_id = response.status_code, response.headers.get("x-request-id")
-    code, detail = _error_fields(response)
+    code, detail = _error_fields(content)
     described = f"HTTP {status}" + (f", code {code}" if code else "")
     if status in (401, 403):
         return ProviderAuthFailed(
@@ -174,10 +235,10 @@ def _refusal(response: httpx.Response) -> ProviderError:
     return ProviderBadResponse(f"unexpected HTTP {status} from the provider", status=status, request_id=request_id)
 
 
-def _error_fields(response: httpx.Response) -> tuple[str, str]:
+def _error_fields(content: bytes) -> tuple[str, str]:
     """The error code safe to quote (or ""), and the lowercased code, type and message to classify by."""
     try:
-        payload = response.json()
+        payload = json.loads(content)
     except ValueError:
         return "", ""
     error = payload.get("error", payload) if isinstance(payload, dict) else None
@@ -189,14 +250,8 @@ def _error_fields(response: httpx.Response) -> tuple[str, str]:
     return code, detail.lower()
 
 
-def _completion(response: httpx.Response, requested_model: str) -> Completion:
-    status, request_id = response.status_code, response.headers.get("x-request-id")
-    try:
-        payload = response.json()
-    except ValueError:
-        raise ProviderBadResponse(
-            f"chat completion response is not JSON (HTTP {status})", status=status, request_id=request_id
-        ) from None
+def _completion(answer: ChatAnswer, requested_model: str) -> Completion:
+    status, request_id, payload = answer.status, answer.request_id, answer.payload
     choices = payload.get("choices") if isinstance(payload, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise ProviderBadResponse("chat completion response has no choices", status=status, request_id=request_id)

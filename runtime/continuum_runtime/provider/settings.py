@@ -34,3 +34,5 @@ class ProviderSettings(BaseModel):
     max_retries: int = Field(default=3, ge=0)
     # Caps every wait between attempts, including what a server asks for in Retry-After.
     max_backoff_seconds: float = Field(default=30.0, ge=0)
+    # A response body past this is refused unread (ProviderBadResponse): answers are text, not archives.
+    max_response_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
