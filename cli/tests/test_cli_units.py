@@ -24,6 +24,7 @@ from continuum_cli.supervisor import component_env, describe_exit
 from continuum_cli.tokens import load_or_create_dev_token, load_or_create_page_token_secret, write_service_token
 from continuum_compaction.settings import CompactionSettings
 from continuum_gateway.settings import GatewaySettings
+from continuum_handoff_read.settings import HandoffReadSettings
 from continuum_merge.settings import MergeSettings
 from continuum_transcript.settings import TranscriptSettings
 
@@ -107,7 +108,7 @@ def test_an_unknown_service_is_a_usage_error_naming_the_valid_ones(
 
 def test_the_table_starts_the_services_then_the_gateway_that_needs_them() -> None:
     check_order(COMPONENTS)
-    transcript, compaction, agent, merge, gateway = COMPONENTS
+    transcript, compaction, agent, merge, handoff_read, gateway = COMPONENTS
 
     assert (transcript.name, transcript.argv, transcript.env_prefix) == (
         "transcript",
@@ -127,6 +128,17 @@ def test_the_table_starts_the_services_then_the_gateway_that_needs_them() -> Non
     )
     assert (merge.name, merge.argv, merge.env_prefix) == ("merge", ("continuum_merge", "serve"), "MERGE_")
     assert (merge.protocol, merge.depends_on, merge.default_port) == (Protocol.GRPC, ("transcript",), 50153)
+    assert (handoff_read.name, handoff_read.argv, handoff_read.env_prefix) == (
+        "handoff-read",
+        ("continuum_handoff_read", "serve"),
+        "HANDOFF_READ_",
+    )
+    assert (handoff_read.protocol, handoff_read.depends_on, handoff_read.default_port) == (
+        Protocol.GRPC,
+        ("transcript", "merge"),
+        50155,
+    )
+    assert not handoff_read.migrates and not handoff_read.cleans_up and not handoff_read.dev_token
     assert (gateway.name, gateway.argv, gateway.env_prefix) == ("gateway", ("continuum_gateway",), "GATEWAY_")
     assert (agent.name, agent.argv, agent.env_prefix) == ("agent", ("continuum_agent", "serve"), "AGENT_")
     assert (agent.protocol, agent.depends_on, agent.default_port) == (
@@ -152,6 +164,7 @@ def test_the_table_starts_the_services_then_the_gateway_that_needs_them() -> Non
         (COMPONENT["transcript"], TranscriptSettings),
         (COMPONENT["compaction"], CompactionSettings),
         (COMPONENT["merge"], MergeSettings),
+        (COMPONENT["handoff-read"], HandoffReadSettings),
         (COMPONENT["agent"], AgentSettings),
         (COMPONENT["gateway"], GatewaySettings),
     ],
@@ -238,6 +251,34 @@ def test_the_merge_env_names_transcript_the_page_token_secret_and_its_package_ro
         "MERGE_TRANSCRIPT_ADDRESS": "127.0.0.1:5",
         "MERGE_PAGE_TOKEN_SECRET": "secret",
     }
+
+
+def test_the_handoff_read_env_names_transcript_merge_the_secret_and_merges_package_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = component_env(
+        COMPONENT["handoff-read"],
+        data_dir=tmp_path,
+        port=50155,
+        service_token="service",
+        dev_token="dev",
+        page_token_secret="secret",
+        addresses={"transcript": "127.0.0.1:5", "merge": "127.0.0.1:6"},
+    )
+
+    assert env == {
+        "HANDOFF_READ_DATA_DIR": str(tmp_path),
+        "HANDOFF_READ_HOST": "127.0.0.1",
+        "HANDOFF_READ_PORT": "50155",
+        "HANDOFF_READ_SERVICE_TOKEN": "service",
+        "HANDOFF_READ_PACKAGE_ROOT": str(tmp_path / "merge-packages"),
+        "HANDOFF_READ_TRANSCRIPT_ADDRESS": "127.0.0.1:5",
+        "HANDOFF_READ_MERGE_ADDRESS": "127.0.0.1:6",
+        "HANDOFF_READ_PAGE_TOKEN_SECRET": "secret",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert HandoffReadSettings().resolved_package_root() == (tmp_path / "merge-packages").resolve()
 
 
 def test_the_compaction_env_names_the_transcript_address_and_the_page_token_secret(tmp_path: Path) -> None:
