@@ -136,6 +136,7 @@ def test_every_address_names_a_service_port() -> None:
         "MERGE_TRANSCRIPT_ADDRESS",
         "HANDOFF_READ_TRANSCRIPT_ADDRESS",
         "HANDOFF_READ_MERGE_ADDRESS",
+        "COMPACTION_HANDOFF_READ_ADDRESS",
     } <= set(addresses)
     for name, address in addresses.items():
         host, _, port = address.rpartition(":")

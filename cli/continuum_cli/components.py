@@ -74,24 +74,6 @@ COMPONENTS: tuple[Component, ...] = (
         migrates=True,
     ),
     Component(
-        "compaction",
-        ("continuum_compaction", "serve"),
-        "COMPACTION_",
-        depends_on=("transcript",),
-        default_port=50152,
-        signs_page_tokens=True,
-        migrates=True,
-        cleans_up=True,
-    ),
-    # The reference agent runtime: a client of transcript and compaction that runs users' turns.
-    Component(
-        "agent",
-        ("continuum_agent", "serve"),
-        "AGENT_",
-        depends_on=("transcript", "compaction"),
-        default_port=50154,
-    ),
-    Component(
         "merge",
         ("continuum_merge", "serve"),
         "MERGE_",
@@ -113,6 +95,24 @@ COMPONENTS: tuple[Component, ...] = (
         default_port=50155,
         signs_page_tokens=True,
         data_directories=(("PACKAGE_ROOT", "merge-packages"),),
+    ),
+    Component(
+        "compaction",
+        ("continuum_compaction", "serve"),
+        "COMPACTION_",
+        depends_on=("transcript", "handoff-read"),
+        default_port=50152,
+        signs_page_tokens=True,
+        migrates=True,
+        cleans_up=True,
+    ),
+    # The reference agent runtime: a client of transcript and compaction that runs users' turns.
+    Component(
+        "agent",
+        ("continuum_agent", "serve"),
+        "AGENT_",
+        depends_on=("transcript", "compaction"),
+        default_port=50154,
     ),
     Component(
         "gateway",

@@ -108,7 +108,7 @@ def test_an_unknown_service_is_a_usage_error_naming_the_valid_ones(
 
 def test_the_table_starts_the_services_then_the_gateway_that_needs_them() -> None:
     check_order(COMPONENTS)
-    transcript, compaction, agent, merge, handoff_read, gateway = COMPONENTS
+    transcript, merge, handoff_read, compaction, agent, gateway = COMPONENTS
 
     assert (transcript.name, transcript.argv, transcript.env_prefix) == (
         "transcript",
@@ -123,7 +123,7 @@ def test_the_table_starts_the_services_then_the_gateway_that_needs_them() -> Non
     )
     assert (compaction.protocol, compaction.depends_on, compaction.default_port) == (
         Protocol.GRPC,
-        ("transcript",),
+        ("transcript", "handoff-read"),
         50152,
     )
     assert (merge.name, merge.argv, merge.env_prefix) == ("merge", ("continuum_merge", "serve"), "MERGE_")
@@ -281,15 +281,15 @@ def test_the_handoff_read_env_names_transcript_merge_the_secret_and_merges_packa
     assert HandoffReadSettings().resolved_package_root() == (tmp_path / "merge-packages").resolve()
 
 
-def test_the_compaction_env_names_the_transcript_address_and_the_page_token_secret(tmp_path: Path) -> None:
+def test_the_compaction_env_names_transcript_handoff_read_and_the_page_token_secret(tmp_path: Path) -> None:
     env = component_env(
-        COMPONENTS[1],
+        COMPONENT["compaction"],
         data_dir=tmp_path,
         port=50152,
         service_token="service",
         dev_token="dev",
         page_token_secret="secret",
-        addresses={"transcript": "127.0.0.1:5"},
+        addresses={"transcript": "127.0.0.1:5", "handoff-read": "127.0.0.1:7"},
     )
 
     assert env == {
@@ -298,6 +298,7 @@ def test_the_compaction_env_names_the_transcript_address_and_the_page_token_secr
         "COMPACTION_PORT": "50152",
         "COMPACTION_SERVICE_TOKEN": "service",
         "COMPACTION_TRANSCRIPT_ADDRESS": "127.0.0.1:5",
+        "COMPACTION_HANDOFF_READ_ADDRESS": "127.0.0.1:7",
         "COMPACTION_PAGE_TOKEN_SECRET": "secret",
     }
 
@@ -385,7 +386,7 @@ def _local_run(data_dir: Path, ports: dict[str, int]) -> None:
 def test_a_local_runs_data_dir_configures_a_maintenance_command(tmp_path: Path) -> None:
     _local_run(tmp_path, {"transcript": 4001})
 
-    env = local_env(COMPONENTS[1], tmp_path, {"PATH": "/bin"})
+    env = local_env(COMPONENT["compaction"], tmp_path, {"PATH": "/bin"})
 
     assert env == {
         "PATH": "/bin",
@@ -405,11 +406,11 @@ def test_the_operators_own_variables_win_over_the_data_dir(tmp_path: Path) -> No
         "COMPACTION_TRANSCRIPT_ADDRESS": "db:1",
     }
 
-    assert local_env(COMPONENTS[1], tmp_path, own) == own
+    assert local_env(COMPONENT["compaction"], tmp_path, own) == own
 
 
 def test_a_data_dir_without_a_run_supplies_only_itself(tmp_path: Path) -> None:
-    assert local_env(COMPONENTS[1], tmp_path / "none", {}) == {
+    assert local_env(COMPONENT["compaction"], tmp_path / "none", {}) == {
         "COMPACTION_DATA_DIR": str((tmp_path / "none").resolve())
     }
 
