@@ -11,8 +11,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from handoff_testing import HandoffStack, running_handoff
+from handoff_testing import HandoffStack, running_handoff, running_handoff_read
 from merge_testing import OTHER, refused
+from sqlalchemy import text
 
 from continuum.handoff_read.v1 import handoff_read_service_pb2 as api
 from continuum.merge.v1 import merge_service_pb2 as mapi
@@ -113,6 +114,10 @@ async def test_a_damaged_package_or_a_deleted_target_is_refused_before_anything_
     (stack.package_dir / "elsewhere.json").write_bytes(original)
     os.symlink(stack.package_dir / "elsewhere.json", ready)
     await refused(stack.execute("run-merged"), *DAMAGED)
+    # A fifo in its place is not opened for reading (that would wait for a writer forever).
+    ready.unlink()
+    os.mkfifo(ready)
+    await refused(stack.execute("run-merged"), *DAMAGED)
     # A brief that no longer matches ready.json: the entry is refused, not built from it.
     ready.unlink()
     ready.write_bytes(original)
@@ -151,3 +156,44 @@ async def test_malformed_requests_name_their_field(stack: HandoffStack) -> None:
                 "INVALID_ARGUMENT",
             )
             assert [violation.field for violation in details.violations] == [field]
+
+
+async def test_a_binding_that_merge_no_longer_vouches_for_is_not_bound(stack: HandoffStack) -> None:
+    # The session's metadata names its operation; another operation id is no binding of it.
+    request = api.GetHandoffReferenceRequest(session_id=stack.target, merge_operation_id="0" * 32, max_tokens=2048)
+    await refused(stack.stub.GetHandoffReference(request, metadata=stack.user()), *NOT_BOUND)
+    # Merge: an unknown target, and a malformed one.
+    await refused(
+        stack.merge.stub.GetHandoffBinding(
+            mapi.GetHandoffBindingRequest(target_session_id="nobody"), metadata=stack.user()
+        ),
+        grpc.StatusCode.NOT_FOUND,
+        "MERGE_OPERATION_NOT_FOUND",
+    )
+    details, _ = await refused(
+        stack.merge.stub.GetHandoffBinding(
+            mapi.GetHandoffBindingRequest(target_session_id="../x"), metadata=stack.user()
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_ARGUMENT",
+    )
+    assert [violation.field for violation in details.violations] == ["target_session_id"]
+    # An operation that is not (or no longer) completed binds nothing, even with its target in place.
+    async with stack.merge.database.transaction() as connection:
+        await connection.execute(
+            text("UPDATE session_merges SET status = 'cancelled' WHERE operation_id = :o"), {"o": stack.operation_id}
+        )
+    await stack.run(stack.target, "run-merged")
+    await refused(stack.execute("run-merged"), *NOT_BOUND)
+    await refused(stack.reference(), *NOT_BOUND)
+
+
+async def test_a_call_that_cannot_finish_within_its_deadline_says_so(stack: HandoffStack, tmp_path: Path) -> None:
+    await stack.run(stack.target, "run-merged")
+    async with running_handoff_read(tmp_path, stack.merge, call_deadline_seconds=0.000_001) as (stub, _, _):
+        request = api.ExecuteHandoffReadRequest(run_id="run-merged", arguments_json='{"action": "list"}')
+        await refused(
+            stub.ExecuteHandoffRead(request, metadata=stack.user()),
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "HANDOFF_READ_BUDGET_EXCEEDED",
+        )
