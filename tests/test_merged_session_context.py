@@ -254,3 +254,17 @@ async def test_the_entry_counts_once_toward_the_trigger_and_survives_compactions
     assert restarted.messages[entry_index(restarted)].content[0].text == (
         second.messages[entry_index(second)].content[0].text
     )
+
+
+async def test_a_merged_session_whose_binding_cannot_be_checked_is_built_without_entry_or_tool(
+    context: Context, caplog: pytest.LogCaptureFixture
+) -> None:
+    await context.handoff_read.stop(grace=0)
+
+    response = await context.build(context.target)
+
+    assert not response.tool_definitions
+    assert section(response, ENTRY_KEY) is None
+    assert all(message.message_id > 0 for message in response.messages)
+    [record] = [r for r in caplog.records if r.getMessage() == "merged session built without its reference entry"]
+    assert record.__dict__["reason"] == "UNAVAILABLE"

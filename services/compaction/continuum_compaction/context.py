@@ -52,6 +52,17 @@ class ContextBuilder:
         validation.build_context(request)
         session_id, run_id = request.session_id, request.run_id
         session = await self._transcript.get_session(user, session_id)
+        window = request.context_window_tokens or self._settings.context_window_tokens
+        # Only a merged session asks handoff-read anything; every other session's request is built as before.
+        # Asked before a queued manual compaction is taken, so a refusal here leaves the signal queued.
+        operation_id = merge_operation_of(session)
+        entry: HandoffEntry | None = None
+        if operation_id:
+            settings = self._settings
+            budget = entry_budget(
+                window, settings.trigger_ratio, settings.handoff_reference_ratio, settings.handoff_reference_max_tokens
+            )
+            entry = await self._handoff.entry(user, session_id, operation_id, request, budget)
         mid_loop = request.trigger_point == api.TRIGGER_POINT_MID_LOOP
         async with self._database.transaction() as connection:
             signalled = await store.settle_signals(connection, session_id, run_id, take=mid_loop)
@@ -65,16 +76,6 @@ class ContextBuilder:
             )
             # Read here rather than on a connection of its own: one round of database work per request.
             record = await store.load_record(connection, session_id)
-        window = request.context_window_tokens or self._settings.context_window_tokens
-        # Only a merged session asks handoff-read anything; every other session's request is built as before.
-        operation_id = merge_operation_of(session)
-        entry: HandoffEntry | None = None
-        if operation_id:
-            settings = self._settings
-            budget = entry_budget(
-                window, settings.trigger_ratio, settings.handoff_reference_ratio, settings.handoff_reference_max_tokens
-            )
-            entry = await self._handoff.entry(user, session_id, operation_id, request, budget)
         extra = entry.tokens if entry is not None else 0
         announcer = Announcer(self._transcript, user, session_id)
         attempt: Attempt | None = None
