@@ -89,18 +89,14 @@ def build_request(
                 count=1,
             )
         )
-    tail = [loaded.message for loaded in history.view]
     if entry is not None:
-        # History after the boundary starts at a whole turn; a leading tool result (never expected) is
-        # still kept next to whatever precedes it rather than separated from it by the entry.
-        lead = 0
-        while lead < len(tail) and tail[lead].role == tpb.MESSAGE_ROLE_TOOL:
-            lead += 1
-        tail.insert(lead, entry.message(session_id))
+        # Before the first message after the boundary: the history starts at a whole turn and its view
+        # keeps no tool result apart from its call, so no call is separated from its result here.
+        messages.append(entry.message(session_id))
         stats.append(
             events_pb2.ContextSection(key=ENTRY_KEY, label=ENTRY_LABEL, estimated_tokens=entry.tokens, count=1)
         )
-    messages.extend(tail)
+    messages.extend(loaded.message for loaded in history.view)
     stats.append(
         events_pb2.ContextSection(
             key="messages", label="Messages", estimated_tokens=history.tokens, count=len(history.view)
