@@ -67,7 +67,7 @@ class AssetTooLarge(HandoffReadError):
 
 
 class PermissionDenied(HandoffReadError):
-    """The run belongs to another user."""
+    """The session or its merge operation belongs to another user."""
 
     code = grpc.StatusCode.PERMISSION_DENIED
     reason = "HANDOFF_PERMISSION_DENIED"

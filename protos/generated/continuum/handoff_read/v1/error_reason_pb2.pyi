@@ -56,7 +56,9 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     HANDOFF_ASSET_TOO_LARGE: _ErrorReason.ValueType  # 15
     """FAILED_PRECONDITION: the asset's original is over 1,125,000 bytes; it was not read and is kept."""
     HANDOFF_PERMISSION_DENIED: _ErrorReason.ValueType  # 16
-    """PERMISSION_DENIED: the run belongs to another user."""
+    """PERMISSION_DENIED: the session or its merge operation belongs to another user. (A run id of
+    another user is transcript's RUN_NOT_FOUND, relayed: transcript does not reveal other users' runs.)
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Why a handoff-read call failed: the `reason` of the google.rpc.ErrorInfo detail, with domain
@@ -98,5 +100,7 @@ HANDOFF_READ_BUDGET_EXCEEDED: ErrorReason.ValueType  # 14
 HANDOFF_ASSET_TOO_LARGE: ErrorReason.ValueType  # 15
 """FAILED_PRECONDITION: the asset's original is over 1,125,000 bytes; it was not read and is kept."""
 HANDOFF_PERMISSION_DENIED: ErrorReason.ValueType  # 16
-"""PERMISSION_DENIED: the run belongs to another user."""
+"""PERMISSION_DENIED: the session or its merge operation belongs to another user. (A run id of
+another user is transcript's RUN_NOT_FOUND, relayed: transcript does not reveal other users' runs.)
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
