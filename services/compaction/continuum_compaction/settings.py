@@ -34,7 +34,7 @@ class CompactionSettings(ServiceSettings):
     handoff_read_timeout_seconds: float = Field(default=20.0, gt=0)
     # The reference entry's share of the history budget (window x trigger ratio), and its ceiling.
     handoff_reference_ratio: float = Field(default=0.1, gt=0, le=0.5)
-    handoff_reference_max_tokens: int = Field(default=2048, ge=1)
+    handoff_reference_max_tokens: int = Field(default=2048, ge=1, le=32 * 1024)
 
     # Automatic compaction; off still injects an existing summary, and manual compaction still runs.
     auto_compaction: bool = True

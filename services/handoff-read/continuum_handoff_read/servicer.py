@@ -27,6 +27,8 @@ logger = logging.getLogger("continuum.handoff_read")
 MAX_ARGUMENTS_BYTES = 8 * 1024
 # Run ids are the holders of RUN claims; transcript allows this many characters.
 MAX_RUN_ID_CHARS = 256
+# A reference entry's largest budget: well above the 2048 a request's entry gets, and a bound on the answer.
+MAX_REFERENCE_TOKENS = 32 * 1024
 
 
 class HandoffReadServicer(api_grpc.HandoffReadServiceServicer):
@@ -47,8 +49,8 @@ class HandoffReadServicer(api_grpc.HandoffReadServiceServicer):
         user = acting_user(context)
         session_id = binding.session_id(request.session_id, "session_id")
         operation_id = binding.operation_id(request.merge_operation_id, "merge_operation_id")
-        if request.max_tokens < 1:
-            raise BadRequest("max_tokens", "must be at least 1")
+        if not 1 <= request.max_tokens <= MAX_REFERENCE_TOKENS:
+            raise BadRequest("max_tokens", f"must be between 1 and {MAX_REFERENCE_TOKENS}")
         try:
             async with asyncio.timeout(self._deadline_seconds):
                 bound = await self._binder.for_session(user, session_id, operation_id)

@@ -139,6 +139,7 @@ async def test_malformed_requests_name_their_field(stack: HandoffStack) -> None:
         (stack.execute("run", arguments_json=""), "arguments_json"),
         (stack.execute("run", arguments_json="x" * 8193), "arguments_json"),
         (stack.reference(max_tokens=0), "max_tokens"),
+        (stack.reference(max_tokens=32 * 1024 + 1), "max_tokens"),
     ]
     for call, field in cases:
         details, _ = await refused(call, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT")
