@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings
 from continuum_cli.main import build_parser
 from continuum_compaction.settings import CompactionSettings
 from continuum_gateway.settings import GatewaySettings
+from continuum_handoff_read.settings import HandoffReadSettings
 from continuum_merge.settings import MergeSettings
 from continuum_transcript.settings import TranscriptSettings
 
@@ -25,6 +26,7 @@ SETTINGS: dict[str, type[BaseSettings]] = {
     "TRANSCRIPT_": TranscriptSettings,
     "COMPACTION_": CompactionSettings,
     "MERGE_": MergeSettings,
+    "HANDOFF_READ_": HandoffReadSettings,
     "GATEWAY_": GatewaySettings,
 }
 # The gRPC services: each signs its page tokens with `<PREFIX>PAGE_TOKEN_SECRET`.
@@ -132,6 +134,9 @@ def test_every_address_names_a_service_port() -> None:
         "GATEWAY_MERGE_ADDRESS",
         "COMPACTION_TRANSCRIPT_ADDRESS",
         "MERGE_TRANSCRIPT_ADDRESS",
+        "HANDOFF_READ_TRANSCRIPT_ADDRESS",
+        "HANDOFF_READ_MERGE_ADDRESS",
+        "COMPACTION_HANDOFF_READ_ADDRESS",
     } <= set(addresses)
     for name, address in addresses.items():
         host, _, port = address.rpartition(":")
@@ -182,7 +187,7 @@ def test_service_secrets_come_from_secrets() -> None:
                 if variable["name"].endswith(("_DATABASE_URL", "_SERVICE_TOKEN", "_API_KEY", "_PAGE_TOKEN_SECRET")):
                     assert "value" not in variable, variable["name"]
                     assert variable["valueFrom"]["secretKeyRef"]["name"], variable["name"]
-    for name, prefix in (("compaction", "COMPACTION_"), ("merge", "MERGE_")):
+    for name, prefix in (("compaction", "COMPACTION_"), ("merge", "MERGE_"), ("handoff-read", "HANDOFF_READ_")):
         [deployment] = _containers(_named("Deployment")[name])
         token = next(v for v in deployment["env"] if v["name"] == f"{prefix}SERVICE_TOKEN")
         # The one service token: transcript's, which the service presents to it.
@@ -236,3 +241,25 @@ def test_merge_replicas_and_its_cleanup_share_one_package_volume() -> None:
         assert env["MERGE_PACKAGE_ROOT"].startswith(mounts["packages"] + "/")
     [cleanup] = _containers(_named("CronJob")["merge-cleanup"])
     assert cleanup["command"] == ["python", "-m", "continuum_merge", "cleanup"]
+
+
+def test_handoff_read_mounts_merges_packages_read_only_where_merge_writes_them() -> None:
+    handoff_read = _named("Deployment")["handoff-read"]
+    [container] = _containers(handoff_read)
+    [merge] = _containers(_named("Deployment")["merge"])
+    env = {v["name"]: v.get("value") for v in container["env"]}
+    merge_env = {v["name"]: v.get("value") for v in merge["env"]}
+    volumes = {v["name"]: v for v in _pod_spec(handoff_read)["volumes"]}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+
+    assert env["HANDOFF_READ_PACKAGE_ROOT"] == merge_env["MERGE_PACKAGE_ROOT"]
+    assert volumes["packages"]["persistentVolumeClaim"] == {"claimName": "merge-packages", "readOnly": True}
+    assert mounts["packages"]["readOnly"] is True
+    assert env["HANDOFF_READ_PACKAGE_ROOT"].startswith(mounts["packages"]["mountPath"] + "/")
+    # Every replica authenticates cursors with the one key of its Secret, read from a file.
+    assert volumes["cursor-secret"]["secret"]["secretName"] == "handoff-read"
+    [item] = volumes["cursor-secret"]["secret"]["items"]
+    assert env["HANDOFF_READ_CURSOR_SECRET_FILE"] == f"{mounts['cursor-secret']['mountPath']}/{item['path']}"
+    assert item["key"] in _documented_secret_keys()["handoff-read"]
+    # No database: nothing to migrate, no URL.
+    assert not [name for name in env if name.endswith("_DATABASE_URL")]

@@ -24,7 +24,7 @@ from continuum_runtime.auth import call_metadata
 pytestmark = pytest.mark.e2e
 
 CONTINUUM = Path(sys.executable).parent / "continuum"
-COMPONENTS = ("transcript", "compaction", "agent", "merge", "gateway")
+COMPONENTS = ("transcript", "compaction", "agent", "merge", "handoff-read", "gateway")
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
 COMMAND_TIMEOUT = 60.0
@@ -276,7 +276,7 @@ def test_everything_up_and_its_services_keep_in_the_data_dir_is_private(run: Run
     # What the supervisor writes, and what each service writes itself (databases, attachments, port files).
     expected = {"dev-token", "service-token", "page-token-secret", "transcript.db", "compaction.db", "merge.db"}
     expected |= {"attachments", "logs/transcript.log", "logs/merge.log", "run/transcript.port", "run/merge.port"}
-    expected |= {"run/gateway.port"}
+    expected |= {"run/gateway.port", "run/handoff-read.port", "logs/handoff-read.log"}
     assert expected <= set(modes), sorted(modes)
     assert [path for path in modes if path.startswith("attachments/") and modes[path] == 0o600]
     assert {path: mode for path, mode in modes.items() if mode not in (0o600, 0o700)} == {}

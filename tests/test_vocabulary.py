@@ -11,10 +11,12 @@ from continuum.agent.v1 import error_reason_pb2 as agent_reasons
 from continuum.capability.v1 import capability_pb2
 from continuum.compaction.v1 import error_reason_pb2 as compaction_reasons
 from continuum.gateway.v1 import error_reason_pb2 as gateway_reasons
+from continuum.handoff_read.v1 import error_reason_pb2 as handoff_read_reasons
 from continuum.merge.v1 import error_reason_pb2 as merge_reasons
 from continuum.transcript.v1 import error_reason_pb2 as transcript_reasons
 from continuum_agent import errors as agent_errors
 from continuum_compaction import errors as compaction_errors
+from continuum_handoff_read import errors as handoff_read_errors
 from continuum_merge import errors as merge_errors
 from continuum_runtime import capabilities
 from continuum_runtime.errors import ServiceError
@@ -39,8 +41,9 @@ def _subclasses(root: type[ServiceError]) -> list[type[ServiceError]]:
         (compaction_errors.CompactionError, compaction_reasons.ErrorReason),
         (agent_errors.AgentError, agent_reasons.ErrorReason),
         (merge_errors.MergeError, merge_reasons.ErrorReason),
+        (handoff_read_errors.HandoffReadError, handoff_read_reasons.ErrorReason),
     ],
-    ids=["transcript", "compaction", "agent", "merge"],
+    ids=["transcript", "compaction", "agent", "merge", "handoff-read"],
 )
 def test_every_service_error_reason_is_a_value_of_the_service_enum(root: type[ServiceError], enum: object) -> None:
     reasons = {cls.reason for cls in _subclasses(root)}

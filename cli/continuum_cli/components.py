@@ -54,8 +54,9 @@ class Component:
         return f"{self.env_prefix}{setting}"
 
     def address_variable(self, dependency: str) -> str:
-        """The environment variable holding the address of `dependency`: "TRANSCRIPT_ADDRESS" with prefix."""
-        return self.variable(f"{dependency.upper()}_ADDRESS")
+        """The environment variable holding the address of `dependency`: "TRANSCRIPT_ADDRESS" with prefix
+        ("handoff-read" -> "HANDOFF_READ_ADDRESS")."""
+        return self.variable(f"{dependency.upper().replace('-', '_')}_ADDRESS")
 
     def directory_env(self, data_dir: Path) -> dict[str, str]:
         """The variables placing its `data_directories` inside `data_dir`."""
@@ -73,10 +74,33 @@ COMPONENTS: tuple[Component, ...] = (
         migrates=True,
     ),
     Component(
+        "merge",
+        ("continuum_merge", "serve"),
+        "MERGE_",
+        depends_on=("transcript",),
+        default_port=50153,
+        signs_page_tokens=True,
+        migrates=True,
+        cleans_up=True,
+        # The sealed packages of its operations (`<package root>/<operation id>/`).
+        data_directories=(("PACKAGE_ROOT", "merge-packages"),),
+    ),
+    # Read-only access to merge's packages for merged sessions; it signs its cursors with the
+    # deployment's page-token secret.
+    Component(
+        "handoff-read",
+        ("continuum_handoff_read", "serve"),
+        "HANDOFF_READ_",
+        depends_on=("transcript", "merge"),
+        default_port=50155,
+        signs_page_tokens=True,
+        data_directories=(("PACKAGE_ROOT", "merge-packages"),),
+    ),
+    Component(
         "compaction",
         ("continuum_compaction", "serve"),
         "COMPACTION_",
-        depends_on=("transcript",),
+        depends_on=("transcript", "handoff-read"),
         default_port=50152,
         signs_page_tokens=True,
         migrates=True,
@@ -89,18 +113,6 @@ COMPONENTS: tuple[Component, ...] = (
         "AGENT_",
         depends_on=("transcript", "compaction"),
         default_port=50154,
-    ),
-    Component(
-        "merge",
-        ("continuum_merge", "serve"),
-        "MERGE_",
-        depends_on=("transcript",),
-        default_port=50153,
-        signs_page_tokens=True,
-        migrates=True,
-        cleans_up=True,
-        # The sealed packages of its operations (`<package root>/<operation id>/`).
-        data_directories=(("PACKAGE_ROOT", "merge-packages"),),
     ),
     Component(
         "gateway",

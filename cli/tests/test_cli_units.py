@@ -24,6 +24,7 @@ from continuum_cli.supervisor import component_env, describe_exit
 from continuum_cli.tokens import load_or_create_dev_token, load_or_create_page_token_secret, write_service_token
 from continuum_compaction.settings import CompactionSettings
 from continuum_gateway.settings import GatewaySettings
+from continuum_handoff_read.settings import HandoffReadSettings
 from continuum_merge.settings import MergeSettings
 from continuum_transcript.settings import TranscriptSettings
 
@@ -107,7 +108,7 @@ def test_an_unknown_service_is_a_usage_error_naming_the_valid_ones(
 
 def test_the_table_starts_the_services_then_the_gateway_that_needs_them() -> None:
     check_order(COMPONENTS)
-    transcript, compaction, agent, merge, gateway = COMPONENTS
+    transcript, merge, handoff_read, compaction, agent, gateway = COMPONENTS
 
     assert (transcript.name, transcript.argv, transcript.env_prefix) == (
         "transcript",
@@ -122,11 +123,22 @@ def test_the_table_starts_the_services_then_the_gateway_that_needs_them() -> Non
     )
     assert (compaction.protocol, compaction.depends_on, compaction.default_port) == (
         Protocol.GRPC,
-        ("transcript",),
+        ("transcript", "handoff-read"),
         50152,
     )
     assert (merge.name, merge.argv, merge.env_prefix) == ("merge", ("continuum_merge", "serve"), "MERGE_")
     assert (merge.protocol, merge.depends_on, merge.default_port) == (Protocol.GRPC, ("transcript",), 50153)
+    assert (handoff_read.name, handoff_read.argv, handoff_read.env_prefix) == (
+        "handoff-read",
+        ("continuum_handoff_read", "serve"),
+        "HANDOFF_READ_",
+    )
+    assert (handoff_read.protocol, handoff_read.depends_on, handoff_read.default_port) == (
+        Protocol.GRPC,
+        ("transcript", "merge"),
+        50155,
+    )
+    assert not handoff_read.migrates and not handoff_read.cleans_up and not handoff_read.dev_token
     assert (gateway.name, gateway.argv, gateway.env_prefix) == ("gateway", ("continuum_gateway",), "GATEWAY_")
     assert (agent.name, agent.argv, agent.env_prefix) == ("agent", ("continuum_agent", "serve"), "AGENT_")
     assert (agent.protocol, agent.depends_on, agent.default_port) == (
@@ -152,6 +164,7 @@ def test_the_table_starts_the_services_then_the_gateway_that_needs_them() -> Non
         (COMPONENT["transcript"], TranscriptSettings),
         (COMPONENT["compaction"], CompactionSettings),
         (COMPONENT["merge"], MergeSettings),
+        (COMPONENT["handoff-read"], HandoffReadSettings),
         (COMPONENT["agent"], AgentSettings),
         (COMPONENT["gateway"], GatewaySettings),
     ],
@@ -240,15 +253,43 @@ def test_the_merge_env_names_transcript_the_page_token_secret_and_its_package_ro
     }
 
 
-def test_the_compaction_env_names_the_transcript_address_and_the_page_token_secret(tmp_path: Path) -> None:
+def test_the_handoff_read_env_names_transcript_merge_the_secret_and_merges_package_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     env = component_env(
-        COMPONENTS[1],
+        COMPONENT["handoff-read"],
+        data_dir=tmp_path,
+        port=50155,
+        service_token="service",
+        dev_token="dev",
+        page_token_secret="secret",
+        addresses={"transcript": "127.0.0.1:5", "merge": "127.0.0.1:6"},
+    )
+
+    assert env == {
+        "HANDOFF_READ_DATA_DIR": str(tmp_path),
+        "HANDOFF_READ_HOST": "127.0.0.1",
+        "HANDOFF_READ_PORT": "50155",
+        "HANDOFF_READ_SERVICE_TOKEN": "service",
+        "HANDOFF_READ_PACKAGE_ROOT": str(tmp_path / "merge-packages"),
+        "HANDOFF_READ_TRANSCRIPT_ADDRESS": "127.0.0.1:5",
+        "HANDOFF_READ_MERGE_ADDRESS": "127.0.0.1:6",
+        "HANDOFF_READ_PAGE_TOKEN_SECRET": "secret",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert HandoffReadSettings().resolved_package_root() == (tmp_path / "merge-packages").resolve()
+
+
+def test_the_compaction_env_names_transcript_handoff_read_and_the_page_token_secret(tmp_path: Path) -> None:
+    env = component_env(
+        COMPONENT["compaction"],
         data_dir=tmp_path,
         port=50152,
         service_token="service",
         dev_token="dev",
         page_token_secret="secret",
-        addresses={"transcript": "127.0.0.1:5"},
+        addresses={"transcript": "127.0.0.1:5", "handoff-read": "127.0.0.1:7"},
     )
 
     assert env == {
@@ -257,6 +298,7 @@ def test_the_compaction_env_names_the_transcript_address_and_the_page_token_secr
         "COMPACTION_PORT": "50152",
         "COMPACTION_SERVICE_TOKEN": "service",
         "COMPACTION_TRANSCRIPT_ADDRESS": "127.0.0.1:5",
+        "COMPACTION_HANDOFF_READ_ADDRESS": "127.0.0.1:7",
         "COMPACTION_PAGE_TOKEN_SECRET": "secret",
     }
 
@@ -344,7 +386,7 @@ def _local_run(data_dir: Path, ports: dict[str, int]) -> None:
 def test_a_local_runs_data_dir_configures_a_maintenance_command(tmp_path: Path) -> None:
     _local_run(tmp_path, {"transcript": 4001})
 
-    env = local_env(COMPONENTS[1], tmp_path, {"PATH": "/bin"})
+    env = local_env(COMPONENT["compaction"], tmp_path, {"PATH": "/bin"})
 
     assert env == {
         "PATH": "/bin",
@@ -364,11 +406,11 @@ def test_the_operators_own_variables_win_over_the_data_dir(tmp_path: Path) -> No
         "COMPACTION_TRANSCRIPT_ADDRESS": "db:1",
     }
 
-    assert local_env(COMPONENTS[1], tmp_path, own) == own
+    assert local_env(COMPONENT["compaction"], tmp_path, own) == own
 
 
 def test_a_data_dir_without_a_run_supplies_only_itself(tmp_path: Path) -> None:
-    assert local_env(COMPONENTS[1], tmp_path / "none", {}) == {
+    assert local_env(COMPONENT["compaction"], tmp_path / "none", {}) == {
         "COMPACTION_DATA_DIR": str((tmp_path / "none").resolve())
     }
 

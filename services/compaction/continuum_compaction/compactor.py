@@ -89,6 +89,9 @@ class Attempt:
     # Completed tool rounds of the running turn may be compacted (a tool-round boundary).
     mid_loop: bool
     window_tokens: int
+    # What the request carries besides summary and messages and the trigger must count too (a merged
+    # session's reference entry): counted here once, never also taken off the window.
+    extra_tokens: int = 0
 
 
 class Compactor:
@@ -161,7 +164,7 @@ class Compactor:
             boundary_was_invalid=baseline.boundary_was_invalid,
         )
         due = attempt.force or should_compact(
-            estimated_tokens=baseline.estimated_tokens,
+            estimated_tokens=baseline.estimated_tokens + attempt.extra_tokens,
             window_tokens=attempt.window_tokens,
             trigger_ratio=settings.trigger_ratio,
             plan=plan,

@@ -17,7 +17,9 @@ from continuum_compaction import store, validation
 from continuum_compaction.announce import Announcer
 from continuum_compaction.compactor import Attempt, Compactor
 from continuum_compaction.cuts import newest_turns_within
-from continuum_compaction.request import build_request
+from continuum_compaction.errors import CapacityExceeded
+from continuum_compaction.handoff import HandoffContext, HandoffEntry, entry_budget, merge_operation_of
+from continuum_compaction.request import ModelRequest, build_request
 from continuum_compaction.settings import CompactionSettings
 from continuum_compaction.transcript_client import TranscriptClient
 from continuum_runtime.clock import Clock
@@ -35,12 +37,14 @@ class ContextBuilder:
         database: Database,
         transcript: TranscriptClient,
         compactor: Compactor,
+        handoff: HandoffContext,
         clock: Clock,
     ) -> None:
         self._settings = settings
         self._database = database
         self._transcript = transcript
         self._compactor = compactor
+        self._handoff = handoff
         self._clock = clock
 
     async def build(self, user: str, request: api.BuildContextRequest) -> api.BuildContextResponse:
@@ -48,6 +52,17 @@ class ContextBuilder:
         validation.build_context(request)
         session_id, run_id = request.session_id, request.run_id
         session = await self._transcript.get_session(user, session_id)
+        window = request.context_window_tokens or self._settings.context_window_tokens
+        # Only a merged session asks handoff-read anything; every other session's request is built as before.
+        # Asked before a queued manual compaction is taken, so a refusal here leaves the signal queued.
+        operation_id = merge_operation_of(session)
+        entry: HandoffEntry | None = None
+        if operation_id:
+            settings = self._settings
+            budget = entry_budget(
+                window, settings.trigger_ratio, settings.handoff_reference_ratio, settings.handoff_reference_max_tokens
+            )
+            entry = await self._handoff.entry(user, session_id, operation_id, request, budget)
         mid_loop = request.trigger_point == api.TRIGGER_POINT_MID_LOOP
         async with self._database.transaction() as connection:
             signalled = await store.settle_signals(connection, session_id, run_id, take=mid_loop)
@@ -61,14 +76,21 @@ class ContextBuilder:
             )
             # Read here rather than on a connection of its own: one round of database work per request.
             record = await store.load_record(connection, session_id)
-        window = request.context_window_tokens or self._settings.context_window_tokens
+        extra = entry.tokens if entry is not None else 0
         announcer = Announcer(self._transcript, user, session_id)
         attempt: Attempt | None = None
         if signalled:
-            attempt = Attempt(events_pb2.TRIGGER_MODE_MANUAL, run_id, force=True, mid_loop=True, window_tokens=window)
+            attempt = Attempt(
+                events_pb2.TRIGGER_MODE_MANUAL,
+                run_id,
+                force=True,
+                mid_loop=True,
+                window_tokens=window,
+                extra_tokens=extra,
+            )
         elif self._settings.auto_compaction and not request.skip_auto_compaction:
             mode = events_pb2.TRIGGER_MODE_MID_LOOP if mid_loop else events_pb2.TRIGGER_MODE_REQUEST_START
-            attempt = Attempt(mode, run_id, force=False, mid_loop=mid_loop, window_tokens=window)
+            attempt = Attempt(mode, run_id, force=False, mid_loop=mid_loop, window_tokens=window, extra_tokens=extra)
         try:
             baseline = await self._compactor.load_from(user, session_id, record)
             if attempt is not None:
@@ -93,16 +115,31 @@ class ContextBuilder:
                 "messages left out of a request: the history after the boundary passes the response limit",
                 extra={"session_id": session_id, "boundary": baseline.boundary, "omitted": omitted},
             )
-        built = build_request(
-            session_id,
-            request.system_prompt_sections,
-            memory,
-            baseline.summary,
-            history,
-            window,
-            self._settings.manifest_max_bytes,
-            omitted,
-        )
+
+        def assemble(with_entry: HandoffEntry | None) -> ModelRequest:
+            return build_request(
+                session_id,
+                request.system_prompt_sections,
+                memory,
+                baseline.summary,
+                history,
+                window,
+                self._settings.manifest_max_bytes,
+                omitted,
+                with_entry,
+            )
+
+        built = assemble(entry)
+        if entry is not None and built.manifest.estimated_total_tokens > window:
+            # The entry gives way to the request, never the other way round: a smaller entry in what is
+            # left of the window, or the capacity error when not even the minimal one fits.
+            left = window - (built.manifest.estimated_total_tokens - entry.tokens)
+            if left < 1:
+                raise CapacityExceeded(
+                    "the merged session's reference entry does not fit the model's window with the current request"
+                )
+            entry = await self._handoff.entry(user, session_id, operation_id, request, left)
+            built = assemble(entry)
         await announcer.context_window(built.manifest)
         return api.BuildContextResponse(
             system_prompt=built.system_prompt,
@@ -110,6 +147,7 @@ class ContextBuilder:
             manifest=built.manifest,
             compaction=report,
             boundary_message_id=baseline.boundary,
+            tool_definitions=[entry.tool] if entry is not None and entry.tool is not None else [],
         )
 
     async def _requeue(self, session_id: str, run_id: str) -> None:

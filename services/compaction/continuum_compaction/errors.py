@@ -55,3 +55,10 @@ class SessionBusy(CompactionError):
 
     code = grpc.StatusCode.FAILED_PRECONDITION
     reason = "SESSION_BUSY"
+
+
+class CapacityExceeded(CompactionError):
+    """A merged session's minimal reference entry and the current request do not fit the window together."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "CONTEXT_CAPACITY_EXCEEDED"

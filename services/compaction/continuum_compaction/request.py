@@ -14,6 +14,7 @@ from google.protobuf import json_format
 from continuum.compaction.events.v1 import events_pb2
 from continuum.compaction.v1 import compaction_service_pb2 as api
 from continuum.transcript.v1 import resources_pb2 as tpb
+from continuum_compaction.handoff import ENTRY_KEY, ENTRY_LABEL, HandoffEntry
 from continuum_compaction.history import LoadedHistory
 from continuum_compaction.summarizer import summary_message_text
 from continuum_runtime.provider import estimate_message_tokens, estimate_tokens
@@ -48,9 +49,11 @@ def build_request(
     window_tokens: int,
     manifest_max_bytes: int,
     omitted_messages: int = 0,
+    entry: HandoffEntry | None = None,
 ) -> ModelRequest:
     """Assemble the request, then describe it. `memory` is empty when injection is off;
-    `omitted_messages` counts the messages after the boundary that `history` leaves out."""
+    `omitted_messages` counts the messages after the boundary that `history` leaves out; `entry` is a
+    merged session's reference entry, placed after the summary and before the history."""
     texts = [section.text for section in sections]
     stats = [
         events_pb2.ContextSection(
@@ -85,6 +88,13 @@ def build_request(
                 estimated_tokens=estimate_message_tokens("system", summary_text),
                 count=1,
             )
+        )
+    if entry is not None:
+        # Before the first message after the boundary: the history starts at a whole turn and its view
+        # keeps no tool result apart from its call, so no call is separated from its result here.
+        messages.append(entry.message(session_id))
+        stats.append(
+            events_pb2.ContextSection(key=ENTRY_KEY, label=ENTRY_LABEL, estimated_tokens=entry.tokens, count=1)
         )
     messages.extend(loaded.message for loaded in history.view)
     stats.append(

@@ -14,6 +14,7 @@ from continuum_compaction.claim_holder import ClaimHolder
 from continuum_compaction.cleanup import SessionEventsConsumer
 from continuum_compaction.compactor import Compactor
 from continuum_compaction.context import ContextBuilder
+from continuum_compaction.handoff import HandoffContext
 from continuum_compaction.manual import ManualCompaction
 from continuum_compaction.servicer import CompactionServicer
 from continuum_compaction.settings import CompactionSettings
@@ -71,11 +72,18 @@ async def start(
     transcript = open_transcript(settings)
     provider = provider or open_provider(settings.provider)
     compactor = Compactor(settings, database, transcript, provider, clock)
+    # Opened lazily by grpc: a process whose sessions are all ordinary never connects to handoff-read.
+    handoff = HandoffContext(
+        settings.handoff_read_address,
+        settings.service_token.get_secret_value(),
+        settings.handoff_read_timeout_seconds,
+        settings.grpc_max_message_bytes,
+    )
     holder = ClaimHolder(settings, transcript)
     servicer = CompactionServicer(
         database,
         transcript,
-        ContextBuilder(settings, database, transcript, compactor, clock),
+        ContextBuilder(settings, database, transcript, compactor, handoff, clock),
         ManualCompaction(settings, database, transcript, compactor, holder, clock),
         token_secret(settings.page_token_secret.get_secret_value(), "compaction"),
     )
@@ -99,7 +107,7 @@ async def start(
         settings,
         register=register,
         tracer_provider=tracer_provider(SERVICE_NAME, settings.trace_exporter),
-        cleanups=[stop_tasks, transcript.close, provider.aclose, database.dispose],
+        cleanups=[stop_tasks, transcript.close, handoff.close, provider.aclose, database.dispose],
     )
     # Only now that this process holds its port can no live replica share its claims' holder name.
     tasks.append(asyncio.create_task(holder.release_previous()))

@@ -27,6 +27,15 @@ class CompactionSettings(ServiceSettings):
     # Deadline of one call to transcript.
     transcript_timeout_seconds: float = Field(default=30.0, gt=0)
 
+    # host:port of the handoff-read gRPC service, asked only for merged sessions (their reference entry
+    # and HandoffRead tool); ordinary sessions never reach it.
+    handoff_read_address: str = "127.0.0.1:50155"
+    # Deadline of one call to handoff-read (its own deadline for the work is 15 s).
+    handoff_read_timeout_seconds: float = Field(default=20.0, gt=0)
+    # The reference entry's share of the history budget (window x trigger ratio), and its ceiling.
+    handoff_reference_ratio: float = Field(default=0.1, gt=0, le=0.5)
+    handoff_reference_max_tokens: int = Field(default=2048, ge=1, le=32 * 1024)
+
     # Automatic compaction; off still injects an existing summary, and manual compaction still runs.
     auto_compaction: bool = True
     # Used when a request names no window of its own.

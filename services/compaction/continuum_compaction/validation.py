@@ -19,6 +19,8 @@ MAX_MEMORY_BYTES = 16 * 1024
 MIN_WINDOW_TOKENS = 1024
 MAX_WINDOW_TOKENS = 10_000_000
 MAX_EVENTS_PAGE = 100
+MAX_TOOL_NAMES = 64
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
 def session_id(value: str) -> str:
@@ -59,6 +61,13 @@ def build_context(request: api.BuildContextRequest) -> None:
         total += len(section.text.encode())
     if total > MAX_SYSTEM_PROMPT_BYTES:
         raise BadRequest("system_prompt_sections", f"must total at most {MAX_SYSTEM_PROMPT_BYTES} bytes")
+    for field in ("allowed_tools", "denied_tools"):
+        names = getattr(request, field)
+        if len(names) > MAX_TOOL_NAMES:
+            raise BadRequest(field, f"must be at most {MAX_TOOL_NAMES}")
+        for index, name in enumerate(names):
+            if not TOOL_NAME.match(name):
+                raise BadRequest(f"{field}[{index}]", "must be 1-64 letters, digits, '_', '.', ':' or '-'")
     if len(request.memory_entries) > MAX_MEMORY_ENTRIES:
         raise BadRequest("memory_entries", f"must be at most {MAX_MEMORY_ENTRIES}")
     seen: set[str] = set()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import grpc
 
 from continuum.handoff_read.v1 import error_reason_pb2
-from continuum_runtime.errors import InvalidArgument, ServiceError
+from continuum_runtime.errors import ErrorDetails, InvalidArgument, ServiceError
 
 DOMAIN = "handoff-read.continuum"
 
@@ -67,7 +67,39 @@ class AssetTooLarge(HandoffReadError):
 
 
 class PermissionDenied(HandoffReadError):
-    """The run belongs to another user."""
+    """The session or its merge operation belongs to another user."""
 
     code = grpc.StatusCode.PERMISSION_DENIED
     reason = "HANDOFF_PERMISSION_DENIED"
+
+
+class Relayed(HandoffReadError):
+    """Transcript or merge refused a call made for this request in a way handoff-read does not
+    translate (e.g. RUN_NOT_FOUND): the caller sees that service's own code, domain and reason."""
+
+    def __init__(self, details: ErrorDetails) -> None:
+        super().__init__(details.message, metadata=details.metadata)
+        self.code = details.code
+        self.reason = details.reason or details.code.name
+        self.domain = details.domain or DOMAIN
+
+
+class TranscriptUnavailable(HandoffReadError):
+    """Transcript could not be reached; nothing was read and the call may be retried."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "TRANSCRIPT_UNAVAILABLE"
+
+
+class MergeUnavailable(HandoffReadError):
+    """Merge could not be reached; nothing was read and the call may be retried."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "MERGE_UNAVAILABLE"
+
+
+class ReadingUnimplemented(HandoffReadError):
+    """The binding verified, but this build has no package reader wired to the servicer yet."""
+
+    code = grpc.StatusCode.UNIMPLEMENTED
+    reason = "HANDOFF_READING_UNIMPLEMENTED"

@@ -15,7 +15,7 @@ from continuum.merge.v1 import merge_service_pb2 as api
 from continuum.merge.v1 import resources_pb2 as pb
 from continuum_merge import store, validation
 from continuum_merge.admission import TreeChanged, claim_sources, cut_json, holder, read_cut
-from continuum_merge.convert import operation_message
+from continuum_merge.convert import STATUSES, operation_message
 from continuum_merge.errors import (
     ActiveExists,
     AlreadyCompleted,
@@ -233,6 +233,30 @@ class Operations:
     async def get(self, user: str, operation_id: str) -> pb.MergeOperation:
         """One operation of the acting user."""
         return await self.message(await self._owned(user, validation.operation_id(operation_id)))
+
+    async def handoff_binding(self, user: str, target_session_id: str) -> api.GetHandoffBindingResponse:
+        """The operation that publishes `target_session_id`, as handoff-read checks a binding; the
+        acting user must own it."""
+        target_session_id = validation.session_id(target_session_id, "target_session_id")
+        async with self._db.connection() as connection:
+            operation = await store.load_by_target(connection, target_session_id)
+        if operation is None:
+            raise OperationNotFound(
+                "no merge operation publishes this session", metadata={"target_session_id": target_session_id}
+            )
+        if operation.owner != user:
+            raise PermissionDenied(
+                "the merge operation belongs to another user", metadata={"operation_id": operation.operation_id}
+            )
+        return api.GetHandoffBindingResponse(
+            operation_id=operation.operation_id,
+            protocol_version=operation.protocol_version,
+            status=STATUSES[operation.status],
+            target_session_id=operation.target_session_id,
+            handoff_hash=operation.handoff_hash or "",
+            snapshot_version=operation.snapshot_version,
+            snapshot_hash=operation.snapshot_hash or "",
+        )
 
     async def get_active(self, user: str) -> api.GetActiveMergeResponse:
         """The user's unfinished operation, or an empty answer."""

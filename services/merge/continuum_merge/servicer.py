@@ -38,3 +38,8 @@ class MergeServicer(api_grpc.MergeServiceServicer):
     async def CancelMerge(self, request: api.CancelMergeRequest, context: Context) -> api.CancelMergeResponse:
         operation = await self._operations.cancel(acting_user(context), request.operation_id)
         return api.CancelMergeResponse(operation=operation)
+
+    async def GetHandoffBinding(
+        self, request: api.GetHandoffBindingRequest, context: Context
+    ) -> api.GetHandoffBindingResponse:
+        return await self._operations.handoff_binding(acting_user(context), request.target_session_id)

@@ -32,6 +32,13 @@ def operation_id(value: str) -> str:
     return value
 
 
+def session_id(value: str, field: str) -> str:
+    """A session id as transcript accepts them."""
+    if not SESSION_ID.match(value):
+        raise BadRequest(field, "must be 1-64 characters of letters, digits, '-' or '_'")
+    return value
+
+
 def model(value: str) -> str:
     """An optional model name."""
     if value != value.strip():

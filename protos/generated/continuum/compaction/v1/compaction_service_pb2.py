@@ -28,7 +28,7 @@ from continuum.transcript.v1 import resources_pb2 as continuum_dot_transcript_do
 from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n0continuum/compaction/v1/compaction_service.proto\x12\x17\x63ontinuum.compaction.v1\x1a+continuum/compaction/events/v1/events.proto\x1a\'continuum/compaction/v1/resources.proto\x1a\'continuum/transcript/v1/resources.proto\x1a\x1fgoogle/api/field_behavior.proto\"K\n\rPromptSection\x12\x11\n\x03key\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x13\n\x05label\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\x12\x12\n\x04text\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\":\n\x0bMemoryEntry\x12\x17\n\tmemory_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04text\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\"\xe4\x02\n\x13\x42uildContextRequest\x12\x18\n\nsession_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06run_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12#\n\x15\x63ontext_window_tokens\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x01\x12L\n\x16system_prompt_sections\x18\x04 \x03(\x0b\x32&.continuum.compaction.v1.PromptSectionB\x04\xe2\x41\x01\x01\x12\x42\n\x0ememory_entries\x18\x05 \x03(\x0b\x32$.continuum.compaction.v1.MemoryEntryB\x04\xe2\x41\x01\x01\x12\x42\n\rtrigger_point\x18\x06 \x01(\x0e\x32%.continuum.compaction.v1.TriggerPointB\x04\xe2\x41\x01\x02\x12\"\n\x14skip_auto_compaction\x18\x07 \x01(\x08\x42\x04\xe2\x41\x01\x01\"\xa3\x02\n\x10\x43ompactionReport\x12\x42\n\x07outcome\x18\x01 \x01(\x0e\x32\x31.continuum.compaction.events.v1.CompactionOutcome\x12\x41\n\x0ctrigger_mode\x18\x02 \x01(\x0e\x32+.continuum.compaction.events.v1.TriggerMode\x12\x17\n\x0f\x62oundary_before\x18\x03 \x01(\x03\x12\x16\n\x0e\x62oundary_after\x18\x04 \x01(\x03\x12\x1c\n\x14\x62oundary_was_invalid\x18\x05 \x01(\x08\x12\x10\n\x08\x65vent_id\x18\x06 \x01(\x03\x12\x13\n\x0b\x66\x61\x63ts_found\x18\x07 \x01(\x05\x12\x12\n\nfacts_kept\x18\x08 \x01(\x05\"\x80\x02\n\x14\x42uildContextResponse\x12\x15\n\rsystem_prompt\x18\x01 \x01(\t\x12\x32\n\x08messages\x18\x02 \x03(\x0b\x32 .continuum.transcript.v1.Message\x12\x41\n\x08manifest\x18\x03 \x01(\x0b\x32/.continuum.compaction.events.v1.ContextManifest\x12=\n\ncompaction\x18\x04 \x01(\x0b\x32).continuum.compaction.v1.CompactionReport\x12\x1b\n\x13\x62oundary_message_id\x18\x05 \x01(\x03\"R\n\x11\x43ompactNowRequest\x12\x18\n\nsession_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12#\n\x15\x63ontext_window_tokens\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x01\"\x98\x01\n\x12\x43ompactNowResponse\x12\x37\n\x05state\x18\x01 \x01(\x0e\x32(.continuum.compaction.v1.CompactNowState\x12\x39\n\x06report\x18\x02 \x01(\x0b\x32).continuum.compaction.v1.CompactionReport\x12\x0e\n\x06run_id\x18\x03 \x01(\t\"7\n\x1bGetCompactionSummaryRequest\x12\x18\n\nsession_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"[\n\x1cGetCompactionSummaryResponse\x12;\n\x07summary\x18\x01 \x01(\x0b\x32*.continuum.compaction.v1.CompactionSummary\"\x8e\x01\n\x1bListCompactionEventsRequest\x12\x18\n\nsession_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tpage_size\x18\x02 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\x12\"\n\x14include_summary_text\x18\x04 \x01(\x08\x42\x04\xe2\x41\x01\x01\"q\n\x1cListCompactionEventsResponse\x12\x38\n\x06\x65vents\x18\x01 \x03(\x0b\x32(.continuum.compaction.v1.CompactionEvent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*j\n\x0cTriggerPoint\x12\x1d\n\x19TRIGGER_POINT_UNSPECIFIED\x10\x00\x12\x1f\n\x1bTRIGGER_POINT_REQUEST_START\x10\x01\x12\x1a\n\x16TRIGGER_POINT_MID_LOOP\x10\x02*\x96\x01\n\x0f\x43ompactNowState\x12!\n\x1d\x43OMPACT_NOW_STATE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x43OMPACT_NOW_STATE_COMPLETED\x10\x01\x12\x1c\n\x18\x43OMPACT_NOW_STATE_QUEUED\x10\x02\x12!\n\x1d\x43OMPACT_NOW_STATE_IN_PROGRESS\x10\x03\x32\xf3\x03\n\x11\x43ompactionService\x12k\n\x0c\x42uildContext\x12,.continuum.compaction.v1.BuildContextRequest\x1a-.continuum.compaction.v1.BuildContextResponse\x12\x65\n\nCompactNow\x12*.continuum.compaction.v1.CompactNowRequest\x1a+.continuum.compaction.v1.CompactNowResponse\x12\x83\x01\n\x14GetCompactionSummary\x12\x34.continuum.compaction.v1.GetCompactionSummaryRequest\x1a\x35.continuum.compaction.v1.GetCompactionSummaryResponse\x12\x83\x01\n\x14ListCompactionEvents\x12\x34.continuum.compaction.v1.ListCompactionEventsRequest\x1a\x35.continuum.compaction.v1.ListCompactionEventsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n0continuum/compaction/v1/compaction_service.proto\x12\x17\x63ontinuum.compaction.v1\x1a+continuum/compaction/events/v1/events.proto\x1a\'continuum/compaction/v1/resources.proto\x1a\'continuum/transcript/v1/resources.proto\x1a\x1fgoogle/api/field_behavior.proto\"K\n\rPromptSection\x12\x11\n\x03key\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x13\n\x05label\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\x12\x12\n\x04text\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\":\n\x0bMemoryEntry\x12\x17\n\tmemory_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04text\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\"\x9d\x03\n\x13\x42uildContextRequest\x12\x18\n\nsession_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06run_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12#\n\x15\x63ontext_window_tokens\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x01\x12L\n\x16system_prompt_sections\x18\x04 \x03(\x0b\x32&.continuum.compaction.v1.PromptSectionB\x04\xe2\x41\x01\x01\x12\x42\n\x0ememory_entries\x18\x05 \x03(\x0b\x32$.continuum.compaction.v1.MemoryEntryB\x04\xe2\x41\x01\x01\x12\x42\n\rtrigger_point\x18\x06 \x01(\x0e\x32%.continuum.compaction.v1.TriggerPointB\x04\xe2\x41\x01\x02\x12\"\n\x14skip_auto_compaction\x18\x07 \x01(\x08\x42\x04\xe2\x41\x01\x01\x12\x1b\n\rallowed_tools\x18\x08 \x03(\tB\x04\xe2\x41\x01\x01\x12\x1a\n\x0c\x64\x65nied_tools\x18\t \x03(\tB\x04\xe2\x41\x01\x01\"S\n\x0eToolDefinition\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x1e\n\x16parameters_json_schema\x18\x03 \x01(\t\"\xa3\x02\n\x10\x43ompactionReport\x12\x42\n\x07outcome\x18\x01 \x01(\x0e\x32\x31.continuum.compaction.events.v1.CompactionOutcome\x12\x41\n\x0ctrigger_mode\x18\x02 \x01(\x0e\x32+.continuum.compaction.events.v1.TriggerMode\x12\x17\n\x0f\x62oundary_before\x18\x03 \x01(\x03\x12\x16\n\x0e\x62oundary_after\x18\x04 \x01(\x03\x12\x1c\n\x14\x62oundary_was_invalid\x18\x05 \x01(\x08\x12\x10\n\x08\x65vent_id\x18\x06 \x01(\x03\x12\x13\n\x0b\x66\x61\x63ts_found\x18\x07 \x01(\x05\x12\x12\n\nfacts_kept\x18\x08 \x01(\x05\"\xc3\x02\n\x14\x42uildContextResponse\x12\x15\n\rsystem_prompt\x18\x01 \x01(\t\x12\x32\n\x08messages\x18\x02 \x03(\x0b\x32 .continuum.transcript.v1.Message\x12\x41\n\x08manifest\x18\x03 \x01(\x0b\x32/.continuum.compaction.events.v1.ContextManifest\x12=\n\ncompaction\x18\x04 \x01(\x0b\x32).continuum.compaction.v1.CompactionReport\x12\x1b\n\x13\x62oundary_message_id\x18\x05 \x01(\x03\x12\x41\n\x10tool_definitions\x18\x06 \x03(\x0b\x32\'.continuum.compaction.v1.ToolDefinition\"R\n\x11\x43ompactNowRequest\x12\x18\n\nsession_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12#\n\x15\x63ontext_window_tokens\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x01\"\x98\x01\n\x12\x43ompactNowResponse\x12\x37\n\x05state\x18\x01 \x01(\x0e\x32(.continuum.compaction.v1.CompactNowState\x12\x39\n\x06report\x18\x02 \x01(\x0b\x32).continuum.compaction.v1.CompactionReport\x12\x0e\n\x06run_id\x18\x03 \x01(\t\"7\n\x1bGetCompactionSummaryRequest\x12\x18\n\nsession_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"[\n\x1cGetCompactionSummaryResponse\x12;\n\x07summary\x18\x01 \x01(\x0b\x32*.continuum.compaction.v1.CompactionSummary\"\x8e\x01\n\x1bListCompactionEventsRequest\x12\x18\n\nsession_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tpage_size\x18\x02 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\x12\"\n\x14include_summary_text\x18\x04 \x01(\x08\x42\x04\xe2\x41\x01\x01\"q\n\x1cListCompactionEventsResponse\x12\x38\n\x06\x65vents\x18\x01 \x03(\x0b\x32(.continuum.compaction.v1.CompactionEvent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*j\n\x0cTriggerPoint\x12\x1d\n\x19TRIGGER_POINT_UNSPECIFIED\x10\x00\x12\x1f\n\x1bTRIGGER_POINT_REQUEST_START\x10\x01\x12\x1a\n\x16TRIGGER_POINT_MID_LOOP\x10\x02*\x96\x01\n\x0f\x43ompactNowState\x12!\n\x1d\x43OMPACT_NOW_STATE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x43OMPACT_NOW_STATE_COMPLETED\x10\x01\x12\x1c\n\x18\x43OMPACT_NOW_STATE_QUEUED\x10\x02\x12!\n\x1d\x43OMPACT_NOW_STATE_IN_PROGRESS\x10\x03\x32\xf3\x03\n\x11\x43ompactionService\x12k\n\x0c\x42uildContext\x12,.continuum.compaction.v1.BuildContextRequest\x1a-.continuum.compaction.v1.BuildContextResponse\x12\x65\n\nCompactNow\x12*.continuum.compaction.v1.CompactNowRequest\x1a+.continuum.compaction.v1.CompactNowResponse\x12\x83\x01\n\x14GetCompactionSummary\x12\x34.continuum.compaction.v1.GetCompactionSummaryRequest\x1a\x35.continuum.compaction.v1.GetCompactionSummaryResponse\x12\x83\x01\n\x14ListCompactionEvents\x12\x34.continuum.compaction.v1.ListCompactionEventsRequest\x1a\x35.continuum.compaction.v1.ListCompactionEventsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -59,6 +59,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BUILDCONTEXTREQUEST'].fields_by_name['trigger_point']._serialized_options = b'\342A\001\002'
   _globals['_BUILDCONTEXTREQUEST'].fields_by_name['skip_auto_compaction']._loaded_options = None
   _globals['_BUILDCONTEXTREQUEST'].fields_by_name['skip_auto_compaction']._serialized_options = b'\342A\001\001'
+  _globals['_BUILDCONTEXTREQUEST'].fields_by_name['allowed_tools']._loaded_options = None
+  _globals['_BUILDCONTEXTREQUEST'].fields_by_name['allowed_tools']._serialized_options = b'\342A\001\001'
+  _globals['_BUILDCONTEXTREQUEST'].fields_by_name['denied_tools']._loaded_options = None
+  _globals['_BUILDCONTEXTREQUEST'].fields_by_name['denied_tools']._serialized_options = b'\342A\001\001'
   _globals['_COMPACTNOWREQUEST'].fields_by_name['session_id']._loaded_options = None
   _globals['_COMPACTNOWREQUEST'].fields_by_name['session_id']._serialized_options = b'\342A\001\002'
   _globals['_COMPACTNOWREQUEST'].fields_by_name['context_window_tokens']._loaded_options = None
@@ -73,32 +77,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTCOMPACTIONEVENTSREQUEST'].fields_by_name['page_token']._serialized_options = b'\342A\001\001'
   _globals['_LISTCOMPACTIONEVENTSREQUEST'].fields_by_name['include_summary_text']._loaded_options = None
   _globals['_LISTCOMPACTIONEVENTSREQUEST'].fields_by_name['include_summary_text']._serialized_options = b'\342A\001\001'
-  _globals['_TRIGGERPOINT']._serialized_start=1935
-  _globals['_TRIGGERPOINT']._serialized_end=2041
-  _globals['_COMPACTNOWSTATE']._serialized_start=2044
-  _globals['_COMPACTNOWSTATE']._serialized_end=2194
+  _globals['_TRIGGERPOINT']._serialized_start=2144
+  _globals['_TRIGGERPOINT']._serialized_end=2250
+  _globals['_COMPACTNOWSTATE']._serialized_start=2253
+  _globals['_COMPACTNOWSTATE']._serialized_end=2403
   _globals['_PROMPTSECTION']._serialized_start=237
   _globals['_PROMPTSECTION']._serialized_end=312
   _globals['_MEMORYENTRY']._serialized_start=314
   _globals['_MEMORYENTRY']._serialized_end=372
   _globals['_BUILDCONTEXTREQUEST']._serialized_start=375
-  _globals['_BUILDCONTEXTREQUEST']._serialized_end=731
-  _globals['_COMPACTIONREPORT']._serialized_start=734
-  _globals['_COMPACTIONREPORT']._serialized_end=1025
-  _globals['_BUILDCONTEXTRESPONSE']._serialized_start=1028
-  _globals['_BUILDCONTEXTRESPONSE']._serialized_end=1284
-  _globals['_COMPACTNOWREQUEST']._serialized_start=1286
-  _globals['_COMPACTNOWREQUEST']._serialized_end=1368
-  _globals['_COMPACTNOWRESPONSE']._serialized_start=1371
-  _globals['_COMPACTNOWRESPONSE']._serialized_end=1523
-  _globals['_GETCOMPACTIONSUMMARYREQUEST']._serialized_start=1525
-  _globals['_GETCOMPACTIONSUMMARYREQUEST']._serialized_end=1580
-  _globals['_GETCOMPACTIONSUMMARYRESPONSE']._serialized_start=1582
-  _globals['_GETCOMPACTIONSUMMARYRESPONSE']._serialized_end=1673
-  _globals['_LISTCOMPACTIONEVENTSREQUEST']._serialized_start=1676
-  _globals['_LISTCOMPACTIONEVENTSREQUEST']._serialized_end=1818
-  _globals['_LISTCOMPACTIONEVENTSRESPONSE']._serialized_start=1820
-  _globals['_LISTCOMPACTIONEVENTSRESPONSE']._serialized_end=1933
-  _globals['_COMPACTIONSERVICE']._serialized_start=2197
-  _globals['_COMPACTIONSERVICE']._serialized_end=2696
+  _globals['_BUILDCONTEXTREQUEST']._serialized_end=788
+  _globals['_TOOLDEFINITION']._serialized_start=790
+  _globals['_TOOLDEFINITION']._serialized_end=873
+  _globals['_COMPACTIONREPORT']._serialized_start=876
+  _globals['_COMPACTIONREPORT']._serialized_end=1167
+  _globals['_BUILDCONTEXTRESPONSE']._serialized_start=1170
+  _globals['_BUILDCONTEXTRESPONSE']._serialized_end=1493
+  _globals['_COMPACTNOWREQUEST']._serialized_start=1495
+  _globals['_COMPACTNOWREQUEST']._serialized_end=1577
+  _globals['_COMPACTNOWRESPONSE']._serialized_start=1580
+  _globals['_COMPACTNOWRESPONSE']._serialized_end=1732
+  _globals['_GETCOMPACTIONSUMMARYREQUEST']._serialized_start=1734
+  _globals['_GETCOMPACTIONSUMMARYREQUEST']._serialized_end=1789
+  _globals['_GETCOMPACTIONSUMMARYRESPONSE']._serialized_start=1791
+  _globals['_GETCOMPACTIONSUMMARYRESPONSE']._serialized_end=1882
+  _globals['_LISTCOMPACTIONEVENTSREQUEST']._serialized_start=1885
+  _globals['_LISTCOMPACTIONEVENTSREQUEST']._serialized_end=2027
+  _globals['_LISTCOMPACTIONEVENTSRESPONSE']._serialized_start=2029
+  _globals['_LISTCOMPACTIONEVENTSRESPONSE']._serialized_end=2142
+  _globals['_COMPACTIONSERVICE']._serialized_start=2406
+  _globals['_COMPACTIONSERVICE']._serialized_end=2905
 # @@protoc_insertion_point(module_scope)

@@ -139,6 +139,8 @@ class BuildContextRequest(_message.Message):
     MEMORY_ENTRIES_FIELD_NUMBER: _builtins.int
     TRIGGER_POINT_FIELD_NUMBER: _builtins.int
     SKIP_AUTO_COMPACTION_FIELD_NUMBER: _builtins.int
+    ALLOWED_TOOLS_FIELD_NUMBER: _builtins.int
+    DENIED_TOOLS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     run_id: _builtins.str
     """The run (turn) asking; binds manual compaction signals."""
@@ -155,6 +157,14 @@ class BuildContextRequest(_message.Message):
     def memory_entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___MemoryEntry]:
         """At most 64 entries; injected unless the session turned memory injection off."""
 
+    @_builtins.property
+    def allowed_tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The tools this request may offer the model; empty: any. At most 64 names of 1-64 characters."""
+
+    @_builtins.property
+    def denied_tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Tools this request must not offer, whatever allowed_tools says. At most 64 names of 1-64 characters."""
+
     def __init__(
         self,
         *,
@@ -165,14 +175,44 @@ class BuildContextRequest(_message.Message):
         memory_entries: _abc.Iterable[Global___MemoryEntry] | None = ...,
         trigger_point: Global___TriggerPoint.ValueType = ...,
         skip_auto_compaction: _builtins.bool = ...,
+        allowed_tools: _abc.Iterable[_builtins.str] | None = ...,
+        denied_tools: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_window_tokens", b"context_window_tokens", "memory_entries", b"memory_entries", "run_id", b"run_id", "session_id", b"session_id", "skip_auto_compaction", b"skip_auto_compaction", "system_prompt_sections", b"system_prompt_sections", "trigger_point", b"trigger_point"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed_tools", b"allowed_tools", "context_window_tokens", b"context_window_tokens", "denied_tools", b"denied_tools", "memory_entries", b"memory_entries", "run_id", b"run_id", "session_id", b"session_id", "skip_auto_compaction", b"skip_auto_compaction", "system_prompt_sections", b"system_prompt_sections", "trigger_point", b"trigger_point"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BuildContextRequest: _TypeAlias = BuildContextRequest  # noqa: Y015
+
+@_typing.final
+class ToolDefinition(_message.Message):
+    """A tool compaction asks the runtime to add to one request, as the runtime hands it to the model."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    PARAMETERS_JSON_SCHEMA_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    description: _builtins.str
+    parameters_json_schema: _builtins.str
+    """JSON schema of the arguments, as JSON text."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        description: _builtins.str = ...,
+        parameters_json_schema: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "name", b"name", "parameters_json_schema", b"parameters_json_schema"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolDefinition: _TypeAlias = ToolDefinition  # noqa: Y015
 
 @_typing.final
 class CompactionReport(_message.Message):
@@ -232,6 +272,7 @@ class BuildContextResponse(_message.Message):
     MANIFEST_FIELD_NUMBER: _builtins.int
     COMPACTION_FIELD_NUMBER: _builtins.int
     BOUNDARY_MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    TOOL_DEFINITIONS_FIELD_NUMBER: _builtins.int
     system_prompt: _builtins.str
     """The sections joined, memory section included when injected; byte for byte what to send."""
     boundary_message_id: _builtins.int
@@ -239,13 +280,21 @@ class BuildContextResponse(_message.Message):
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_resources_pb2.Message]:
         """The history to send: the summary as one SYSTEM message (message_id 0) when there is one, then
-        the messages after the boundary in model order.
+        the messages after the boundary in model order. A merged session's request carries, right after
+        the summary and before the first message after the boundary, its reference entry: one USER
+        message (message_id 0, metadata {"handoffReference": true}) rebuilt on every request, never stored.
         """
 
     @_builtins.property
     def manifest(self) -> _events_pb2.ContextManifest: ...
     @_builtins.property
     def compaction(self) -> Global___CompactionReport: ...
+    @_builtins.property
+    def tool_definitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolDefinition]:
+        """Tools to add to this request: only for a merged session whose binding verifies (its HandoffRead
+        tool), and only when allowed_tools / denied_tools permit it. Empty for every other session.
+        """
+
     def __init__(
         self,
         *,
@@ -254,10 +303,11 @@ class BuildContextResponse(_message.Message):
         manifest: _events_pb2.ContextManifest | None = ...,
         compaction: Global___CompactionReport | None = ...,
         boundary_message_id: _builtins.int = ...,
+        tool_definitions: _abc.Iterable[Global___ToolDefinition] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["compaction", b"compaction", "manifest", b"manifest"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["boundary_message_id", b"boundary_message_id", "compaction", b"compaction", "manifest", b"manifest", "messages", b"messages", "system_prompt", b"system_prompt"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["boundary_message_id", b"boundary_message_id", "compaction", b"compaction", "manifest", b"manifest", "messages", b"messages", "system_prompt", b"system_prompt", "tool_definitions", b"tool_definitions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*continuum/compaction/v1/error_reason.proto\x12\x17\x63ontinuum.compaction.v1*\xc4\x01\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x14\n\x10INVALID_ARGUMENT\x10\x01\x12\x13\n\x0fUNAUTHENTICATED\x10\x02\x12\x18\n\x14\x41\x43TING_USER_REQUIRED\x10\x03\x12\x0c\n\x08INTERNAL\x10\x04\x12\x16\n\x12PAGE_TOKEN_INVALID\x10\x05\x12\x1a\n\x16TRANSCRIPT_UNAVAILABLE\x10\n\x12\x10\n\x0cSESSION_BUSY\x10\x0b\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*continuum/compaction/v1/error_reason.proto\x12\x17\x63ontinuum.compaction.v1*\xe3\x01\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x14\n\x10INVALID_ARGUMENT\x10\x01\x12\x13\n\x0fUNAUTHENTICATED\x10\x02\x12\x18\n\x14\x41\x43TING_USER_REQUIRED\x10\x03\x12\x0c\n\x08INTERNAL\x10\x04\x12\x16\n\x12PAGE_TOKEN_INVALID\x10\x05\x12\x1a\n\x16TRANSCRIPT_UNAVAILABLE\x10\n\x12\x10\n\x0cSESSION_BUSY\x10\x0b\x12\x1d\n\x19\x43ONTEXT_CAPACITY_EXCEEDED\x10\x0c\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,5 +32,5 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'continuum.compaction.v1.err
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ERRORREASON']._serialized_start=72
-  _globals['_ERRORREASON']._serialized_end=268
+  _globals['_ERRORREASON']._serialized_end=299
 # @@protoc_insertion_point(module_scope)

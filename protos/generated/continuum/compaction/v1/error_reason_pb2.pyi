@@ -37,6 +37,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """UNAVAILABLE: transcript could not be reached; nothing was changed and the call may be retried."""
     SESSION_BUSY: _ErrorReason.ValueType  # 11
     """FAILED_PRECONDITION: another kind of work (a merge) holds the session."""
+    CONTEXT_CAPACITY_EXCEEDED: _ErrorReason.ValueType  # 12
+    """RESOURCE_EXHAUSTED: a merged session's minimal reference entry and the current request do not fit
+    the model's window together (the merge stays completed; a larger window or a compaction helps).
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Why a compaction call failed: the `reason` of the google.rpc.ErrorInfo detail, with domain
@@ -60,4 +64,8 @@ TRANSCRIPT_UNAVAILABLE: ErrorReason.ValueType  # 10
 """UNAVAILABLE: transcript could not be reached; nothing was changed and the call may be retried."""
 SESSION_BUSY: ErrorReason.ValueType  # 11
 """FAILED_PRECONDITION: another kind of work (a merge) holds the session."""
+CONTEXT_CAPACITY_EXCEEDED: ErrorReason.ValueType  # 12
+"""RESOURCE_EXHAUSTED: a merged session's minimal reference entry and the current request do not fit
+the model's window together (the merge stays completed; a larger window or a compaction helps).
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

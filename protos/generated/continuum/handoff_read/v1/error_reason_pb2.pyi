@@ -37,6 +37,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """UNAVAILABLE: transcript could not be reached; the call may be retried."""
     MERGE_UNAVAILABLE: _ErrorReason.ValueType  # 6
     """UNAVAILABLE: merge could not be reached; the call may be retried."""
+    HANDOFF_READING_UNIMPLEMENTED: _ErrorReason.ValueType  # 7
+    """UNIMPLEMENTED: this build verifies the binding but does not read packages yet."""
     HANDOFF_NOT_BOUND: _ErrorReason.ValueType  # 10
     """FAILED_PRECONDITION: the run's root session is not a completed protocol-2 merge target that
     still exists (an ordinary session, a run that ended, a merge not completed).
@@ -54,7 +56,9 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     HANDOFF_ASSET_TOO_LARGE: _ErrorReason.ValueType  # 15
     """FAILED_PRECONDITION: the asset's original is over 1,125,000 bytes; it was not read and is kept."""
     HANDOFF_PERMISSION_DENIED: _ErrorReason.ValueType  # 16
-    """PERMISSION_DENIED: the run belongs to another user."""
+    """PERMISSION_DENIED: the session or its merge operation belongs to another user. (A run id of
+    another user is transcript's RUN_NOT_FOUND, relayed: transcript does not reveal other users' runs.)
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Why a handoff-read call failed: the `reason` of the google.rpc.ErrorInfo detail, with domain
@@ -77,6 +81,8 @@ TRANSCRIPT_UNAVAILABLE: ErrorReason.ValueType  # 5
 """UNAVAILABLE: transcript could not be reached; the call may be retried."""
 MERGE_UNAVAILABLE: ErrorReason.ValueType  # 6
 """UNAVAILABLE: merge could not be reached; the call may be retried."""
+HANDOFF_READING_UNIMPLEMENTED: ErrorReason.ValueType  # 7
+"""UNIMPLEMENTED: this build verifies the binding but does not read packages yet."""
 HANDOFF_NOT_BOUND: ErrorReason.ValueType  # 10
 """FAILED_PRECONDITION: the run's root session is not a completed protocol-2 merge target that
 still exists (an ordinary session, a run that ended, a merge not completed).
@@ -94,5 +100,7 @@ HANDOFF_READ_BUDGET_EXCEEDED: ErrorReason.ValueType  # 14
 HANDOFF_ASSET_TOO_LARGE: ErrorReason.ValueType  # 15
 """FAILED_PRECONDITION: the asset's original is over 1,125,000 bytes; it was not read and is kept."""
 HANDOFF_PERMISSION_DENIED: ErrorReason.ValueType  # 16
-"""PERMISSION_DENIED: the run belongs to another user."""
+"""PERMISSION_DENIED: the session or its merge operation belongs to another user. (A run id of
+another user is transcript's RUN_NOT_FOUND, relayed: transcript does not reveal other users' runs.)
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -62,7 +62,7 @@ class GetHandoffReferenceRequest(_message.Message):
     merge_operation_id: _builtins.str
     """The operation the session's metadata names (sessionMergeOperationId)."""
     max_tokens: _builtins.int
-    """The entry's budget in estimated tokens: min(2048, 10% of the history budget). At least 1."""
+    """The entry's budget in estimated tokens: min(2048, 10% of the history budget). 1 to 32768."""
     def __init__(
         self,
         *,

@@ -266,3 +266,67 @@ class CancelMergeResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CancelMergeResponse: _TypeAlias = CancelMergeResponse  # noqa: Y015
+
+@_typing.final
+class GetHandoffBindingRequest(_message.Message):
+    """Request of GetHandoffBinding."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TARGET_SESSION_ID_FIELD_NUMBER: _builtins.int
+    target_session_id: _builtins.str
+    """The merge target: the session id an operation reserved for its publish."""
+    def __init__(
+        self,
+        *,
+        target_session_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["target_session_id", b"target_session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetHandoffBindingRequest: _TypeAlias = GetHandoffBindingRequest  # noqa: Y015
+
+@_typing.final
+class GetHandoffBindingResponse(_message.Message):
+    """Response of GetHandoffBinding."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OPERATION_ID_FIELD_NUMBER: _builtins.int
+    PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    TARGET_SESSION_ID_FIELD_NUMBER: _builtins.int
+    HANDOFF_HASH_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_VERSION_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_HASH_FIELD_NUMBER: _builtins.int
+    operation_id: _builtins.str
+    protocol_version: _builtins.int
+    """The merge protocol the operation ran (2)."""
+    status: _resources_pb2.MergeStatus.ValueType
+    target_session_id: _builtins.str
+    handoff_hash: _builtins.str
+    """sha256 of the package's handoff/ready.json; empty until the handoff is aggregated."""
+    snapshot_version: _builtins.int
+    """The sealed snapshot's version and identity; empty hash until the snapshot is sealed."""
+    snapshot_hash: _builtins.str
+    def __init__(
+        self,
+        *,
+        operation_id: _builtins.str = ...,
+        protocol_version: _builtins.int = ...,
+        status: _resources_pb2.MergeStatus.ValueType = ...,
+        target_session_id: _builtins.str = ...,
+        handoff_hash: _builtins.str = ...,
+        snapshot_version: _builtins.int = ...,
+        snapshot_hash: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["handoff_hash", b"handoff_hash", "operation_id", b"operation_id", "protocol_version", b"protocol_version", "snapshot_hash", b"snapshot_hash", "snapshot_version", b"snapshot_version", "status", b"status", "target_session_id", b"target_session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetHandoffBindingResponse: _TypeAlias = GetHandoffBindingResponse  # noqa: Y015

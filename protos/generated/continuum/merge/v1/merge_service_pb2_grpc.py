@@ -64,6 +64,11 @@ class MergeServiceStub:
                 request_serializer=continuum_dot_merge_dot_v1_dot_merge__service__pb2.CancelMergeRequest.SerializeToString,
                 response_deserializer=continuum_dot_merge_dot_v1_dot_merge__service__pb2.CancelMergeResponse.FromString,
                 _registered_method=True)
+        self.GetHandoffBinding = channel.unary_unary(
+                '/continuum.merge.v1.MergeService/GetHandoffBinding',
+                request_serializer=continuum_dot_merge_dot_v1_dot_merge__service__pb2.GetHandoffBindingRequest.SerializeToString,
+                response_deserializer=continuum_dot_merge_dot_v1_dot_merge__service__pb2.GetHandoffBindingResponse.FromString,
+                _registered_method=True)
 
 
 class MergeServiceServicer:
@@ -109,6 +114,15 @@ class MergeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetHandoffBinding(self, request, context):
+        """The operation that publishes (or published) a target session, as handoff-read checks a binding:
+        its protocol, status and handoff hash. MERGE_OPERATION_NOT_FOUND when no operation names that
+        target; the operation's owner only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MergeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -136,6 +150,11 @@ def add_MergeServiceServicer_to_server(servicer, server):
                     servicer.CancelMerge,
                     request_deserializer=continuum_dot_merge_dot_v1_dot_merge__service__pb2.CancelMergeRequest.FromString,
                     response_serializer=continuum_dot_merge_dot_v1_dot_merge__service__pb2.CancelMergeResponse.SerializeToString,
+            ),
+            'GetHandoffBinding': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetHandoffBinding,
+                    request_deserializer=continuum_dot_merge_dot_v1_dot_merge__service__pb2.GetHandoffBindingRequest.FromString,
+                    response_serializer=continuum_dot_merge_dot_v1_dot_merge__service__pb2.GetHandoffBindingResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -278,6 +297,33 @@ class MergeService:
             '/continuum.merge.v1.MergeService/CancelMerge',
             continuum_dot_merge_dot_v1_dot_merge__service__pb2.CancelMergeRequest.SerializeToString,
             continuum_dot_merge_dot_v1_dot_merge__service__pb2.CancelMergeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetHandoffBinding(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/continuum.merge.v1.MergeService/GetHandoffBinding',
+            continuum_dot_merge_dot_v1_dot_merge__service__pb2.GetHandoffBindingRequest.SerializeToString,
+            continuum_dot_merge_dot_v1_dot_merge__service__pb2.GetHandoffBindingResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -48,6 +48,11 @@ class MergeServiceStub:
     """Resumes a paused operation, if it is still at the run epoch the caller saw."""
     CancelMerge: _grpc.UnaryUnaryMultiCallable[_merge_service_pb2.CancelMergeRequest, _merge_service_pb2.CancelMergeResponse]
     """Cancels an unfinished operation; cancelling a cancelled one succeeds again."""
+    GetHandoffBinding: _grpc.UnaryUnaryMultiCallable[_merge_service_pb2.GetHandoffBindingRequest, _merge_service_pb2.GetHandoffBindingResponse]
+    """The operation that publishes (or published) a target session, as handoff-read checks a binding:
+    its protocol, status and handoff hash. MERGE_OPERATION_NOT_FOUND when no operation names that
+    target; the operation's owner only.
+    """
 
 @_typing.type_check_only
 class MergeServiceAsyncStub(MergeServiceStub):
@@ -69,6 +74,11 @@ class MergeServiceAsyncStub(MergeServiceStub):
     """Resumes a paused operation, if it is still at the run epoch the caller saw."""
     CancelMerge: _aio.UnaryUnaryMultiCallable[_merge_service_pb2.CancelMergeRequest, _merge_service_pb2.CancelMergeResponse]  # type: ignore[assignment]
     """Cancels an unfinished operation; cancelling a cancelled one succeeds again."""
+    GetHandoffBinding: _aio.UnaryUnaryMultiCallable[_merge_service_pb2.GetHandoffBindingRequest, _merge_service_pb2.GetHandoffBindingResponse]  # type: ignore[assignment]
+    """The operation that publishes (or published) a target session, as handoff-read checks a binding:
+    its protocol, status and handoff hash. MERGE_OPERATION_NOT_FOUND when no operation names that
+    target; the operation's owner only.
+    """
 
 class MergeServiceServicer(metaclass=_abc_1.ABCMeta):
     """Merges 2 to 5 idle sessions of a user into a new one: the sources are copied into a sealed
@@ -117,5 +127,16 @@ class MergeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_merge_service_pb2.CancelMergeResponse, _abc.Awaitable[_merge_service_pb2.CancelMergeResponse]]:
         """Cancels an unfinished operation; cancelling a cancelled one succeeds again."""
+
+    @_abc_1.abstractmethod
+    def GetHandoffBinding(
+        self,
+        request: _merge_service_pb2.GetHandoffBindingRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_merge_service_pb2.GetHandoffBindingResponse, _abc.Awaitable[_merge_service_pb2.GetHandoffBindingResponse]]:
+        """The operation that publishes (or published) a target session, as handoff-read checks a binding:
+        its protocol, status and handoff hash. MERGE_OPERATION_NOT_FOUND when no operation names that
+        target; the operation's owner only.
+        """
 
 def add_MergeServiceServicer_to_server(servicer: MergeServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -101,7 +101,9 @@ class ContextSection(_message.Message):
     ESTIMATED_TOKENS_FIELD_NUMBER: _builtins.int
     COUNT_FIELD_NUMBER: _builtins.int
     key: _builtins.str
-    """"system:<key>" for a system-prompt section, "memory", "summary", "messages"."""
+    """"system:<key>" for a system-prompt section, "memory", "summary", "handoff_reference" (a merged
+    session's reference entry), "messages".
+    """
     label: _builtins.str
     estimated_tokens: _builtins.int
     """Estimated tokens (UTF-8 bytes / 4)."""
