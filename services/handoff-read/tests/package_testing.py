@@ -166,7 +166,8 @@ class PackageBuilder:
                 (self.snapshot / "assets" / digest).write_bytes(data)
                 self._assets.add(digest)
             rows.append({"ref": f"a_{digest}", "part": index, "path": f"assets/{digest}", "bytes": len(data),
-                         "sha256": digest, "kind": "asset", "attachmentId": attachment_id, "mediaType": media_type})  # fmt: skip
+                         "sha256": digest, "kind": "asset", "attachmentId": attachment_id,
+                         "mediaType": media_type})  # fmt: skip
             content.append({"attachment": {"attachmentId": attachment_id, "mediaType": media_type}})
         said = {"role": role, "content": content, "toolCalls": [], "toolCallId": "", "status": "COMPLETE",
                 "metadata": {}}  # fmt: skip

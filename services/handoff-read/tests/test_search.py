@@ -14,9 +14,9 @@ from continuum_handoff_read import search as search_module
 from continuum_handoff_read.deadline import Deadline
 from continuum_handoff_read.results import OUTPUT_BYTES, ToolResult
 from continuum_handoff_read.tool import execute
-from continuum_runtime.clock import SystemClock
 from continuum_merge.extraction.aggregate import verify_handoff
 from continuum_merge.snapshot.verify import verify_snapshot
+from continuum_runtime.clock import SystemClock
 
 KEY = b"handoff-read-test-cursor-key-32b"
 
@@ -44,7 +44,7 @@ def small(tmp_path: Path) -> tuple[Path, str, dict[str, str]]:
     builder = PackageBuilder(package)
     builder.session("a", "a", "frontend")
     refs = {
-        "chinese": builder.message("a", 1, "用户要求：把响应字段 name 改为 displayName，并保留旧字段一周。"),
+        "chinese": builder.message("a", 1, "用户要求 把响应字段 name 改为 displayName 并保留旧字段一周"),
         "path": builder.message("a", 2, "edited services/api/handlers/user_profile.py and ran pytest -k profile"),
     }
     builder.session("b", "b", "backend")
@@ -52,7 +52,7 @@ def small(tmp_path: Path) -> tuple[Path, str, dict[str, str]]:
     builder.unit(
         "u1",
         [
-            Item("conflicts_todos", "pending", "前端仍读取 name：联调待办", [evidence(refs["chinese"], "a")]),
+            Item("conflicts_todos", "pending", "前端仍读取 name 联调待办", [evidence(refs["chinese"], "a")]),
             Item(
                 "changes", "completed", "renamed name to displayName in user_profile.py", [evidence(refs["path"], "a")]
             ),
@@ -69,10 +69,10 @@ def test_the_test_packages_are_what_merge_itself_verifies(small: tuple[Path, str
 
 def test_chinese_paths_and_identifiers_are_found_with_their_refs(small: tuple[Path, str, dict[str, str]]) -> None:
     package, version, refs = small
-    chinese = call(package, version, action="search", query="displayName，并保留")
+    chinese = call(package, version, action="search", query="displayName 并保留")
     assert chinese.complete
     assert [entry.ref for entry in chinese.entries] == [f"r_{refs['chinese']}:p0"]
-    assert "把响应字段 name 改为 displayName，并保留旧字段一周" in chinese.entries[0].text
+    assert "把响应字段 name 改为 displayName 并保留旧字段一周" in chinese.entries[0].text
 
     path = call(package, version, action="search", query="services/api/handlers/user_profile.py")
     assert [entry.ref for entry in path.entries] == [f"r_{refs['path']}:p0"]
