@@ -6,12 +6,14 @@ ever too long to search, and nothing is decoded but the excerpts). Each buffer i
 len(query) - 1 bytes before it, from the same file or from the previous part of the same record, so a
 match split across buffers or across two parts is found; a match lying wholly in those carried bytes
 was reported with the buffer before and is not reported again. A page scans at most 8 MiB of text,
-then answers with a cursor; `complete` is True only once every candidate was scanned. An excerpt is
-handed out only from files that match their registered sha256.
+then answers with a cursor; `complete` is True only once every candidate was scanned. Every part
+scanned is checked against its registered size and sha256 (in memory when it was read whole), so
+neither an excerpt nor "no match" ever stands on altered bytes.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -170,6 +172,11 @@ class _Scan:
                 length = min(row.size - at, SCAN_BYTES - self.scanned, BUFFER_BYTES)
                 data = read_range(descriptor, at, length)
                 self.scanned += length
+                if length == row.size:
+                    # A whole part in one buffer (merge's parts are at most 32 KiB): checked in memory.
+                    if hashlib.sha256(data).hexdigest() != row.sha256:
+                        raise PackageDamaged(f"{row.path} does not match its registered sha256")
+                    self.verified.add(row.path)
                 buffer = carry + data if carry else data
                 reported = 0
                 position = 0
@@ -186,6 +193,7 @@ class _Scan:
                 carry = buffer[-self.carry_bytes :] if self.carry_bytes else b""
                 at += length
                 if at >= row.size:
+                    self.verify(row)  # scanned in pieces: read once more to check it whole
                     return None, carry
 
     def _match(self, buffer: bytes, found: int, base: int, row: FileRow, previous: FileRow | None) -> Entry:
