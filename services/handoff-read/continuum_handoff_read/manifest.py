@@ -30,13 +30,13 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
 from continuum_handoff_read.deadline import Deadline
 from continuum_handoff_read.errors import PackageDamaged
-from continuum_handoff_read.files import PackageFiles, read_range
+from continuum_handoff_read.files import IntactFiles, PackageFiles, read_range
 
 READY = "handoff/ready.json"
 MANIFEST = "snapshot/manifest.json"
@@ -69,9 +69,9 @@ class Stream:
     sha256: str
 
 
-@dataclass(frozen=True)
-class FileRow:
-    """One files.jsonl row; `path` is package-relative (``snapshot/...``)."""
+class FileRow(NamedTuple):
+    """One files.jsonl row; `path` is package-relative (``snapshot/...``). (A tuple: a search makes one
+    per text part.)"""
 
     ref: str
     record_ref: str
@@ -107,8 +107,7 @@ class DetailRow:
     items: int
 
 
-@dataclass(frozen=True)
-class Line:
+class Line(NamedTuple):
     """A manifest line with its byte offset and the offset of the line after it."""
 
     offset: int
@@ -119,8 +118,8 @@ class Line:
 class Package:
     """One package opened for one call: its entry files read and checked, streams verified on first use."""
 
-    def __init__(self, package_dir: Path, deadline: Deadline) -> None:
-        self.files = PackageFiles(package_dir)
+    def __init__(self, package_dir: Path, deadline: Deadline, intact: IntactFiles | None = None) -> None:
+        self.files = PackageFiles(package_dir, intact)
         self.deadline = deadline
         self._verified: set[str] = set()
         try:
@@ -185,14 +184,14 @@ class Package:
             while offset < stream.size:
                 self.deadline.check(f"reading {path}")
                 chunk = read_range(descriptor, offset, min(BUFFER_BYTES, stream.size - offset))
-                data = pending + chunk if pending else chunk
-                base = offset - len(pending)
+                here = offset - len(pending)
                 offset += len(chunk)
-                position = 0
-                while (newline := data.find(b"\n", position)) >= 0:
-                    yield Line(base + position, base + newline + 1, data[position:newline])
-                    position = newline + 1
-                pending = data[position:]
+                lines = (pending + chunk if pending else chunk).split(b"\n")
+                pending = lines.pop()
+                for data in lines:
+                    following = here + len(data) + 1
+                    yield Line(here, following, data)
+                    here = following
                 if len(pending) > MAX_LINE_BYTES:
                     raise PackageDamaged(f"{path} has a line longer than {MAX_LINE_BYTES} bytes")
             if pending:
@@ -290,36 +289,34 @@ def _object(data: bytes, where: str) -> dict[str, Any]:
 
 
 def file_row(data: bytes) -> FileRow:
-    """A files.jsonl line, its path checked against merge's layout for its kind."""
+    """A files.jsonl line, its path checked against merge's layout for its kind (the digest in the path
+    must be the row's record, or for an asset its sha256; a text part's number its part)."""
     row = _object(data, FILES)
-    ref, record_ref, kind, part, path, size, sha256 = (
-        row.get(key) for key in ("ref", "recordRef", "kind", "part", "path", "bytes", "sha256")
-    )
-    shape = _PATHS.get(kind) if isinstance(kind, str) else None
-    matched = shape.fullmatch(path) if shape is not None and isinstance(path, str) else None
+    get = row.get
+    kind, path, record_ref, sha256, size, part, ref = (
+        get("kind"), get("path"), get("recordRef"), get("sha256"), get("bytes"), get("part"), get("ref")
+    )  # fmt: skip
+    shape = _PATHS.get(kind) if type(kind) is str else None
+    matched = shape.fullmatch(path) if shape is not None and type(path) is str else None
     if not (
-        matched
-        and isinstance(kind, str)
-        and isinstance(path, str)
-        and isinstance(ref, str)
-        and isinstance(record_ref, str)
-        and HEX64.fullmatch(record_ref)
-        and isinstance(size, int)
+        matched is not None
+        and type(ref) is str
+        and type(size) is int
         and size >= 0
-        and isinstance(sha256, str)
-        and HEX64.fullmatch(sha256)
-        and (part is None or (isinstance(part, int) and part >= 0))
+        and type(sha256) is str
+        and matched.group(1) == (sha256 if kind == "asset" else record_ref)
+        and (part is None if kind == "raw" else type(part) is int)
+        and (kind != "text" or matched.group(2) == str(part))
+        and (kind != "asset" or (type(record_ref) is str and HEX64.fullmatch(record_ref)))
     ):
         raise PackageDamaged("snapshot/files.jsonl holds a row that is incomplete or names a path outside the layout")
-    if kind == "text" and (part is None or matched.group(2) != str(part) or matched.group(1) != record_ref):
-        raise PackageDamaged("snapshot/files.jsonl holds a text row whose path is not its part")
     media_type, attachment_id = row.get("mediaType"), row.get("attachmentId")
     return FileRow(
         ref,
-        record_ref,
-        kind,
+        str(record_ref),
+        str(kind),
         part,
-        "snapshot/" + path,
+        "snapshot/" + str(path),
         size,
         sha256,
         media_type if isinstance(media_type, str) else "",

@@ -14,14 +14,15 @@ neither an excerpt nor "no match" ever stands on altered bytes.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from continuum_handoff_read.arguments import Arguments
+from continuum_handoff_read.arguments import MAX_QUERY_BYTES, Arguments
 from continuum_handoff_read.cursors import CursorRefused, Cursors, Position
 from continuum_handoff_read.errors import BudgetExceeded, PackageDamaged
-from continuum_handoff_read.files import read_range
+from continuum_handoff_read.files import read_into, read_range
 from continuum_handoff_read.manifest import (
     DETAILS,
     FILES,
@@ -98,10 +99,13 @@ class _Scan:
     members: frozenset[str] | None
     scanned: int = 0
     verified: set[str] = field(default_factory=set)
+    # One read buffer for every part of the page: the carried bytes and up to BUFFER_BYTES read.
+    buffer: bytearray = field(default_factory=lambda: bytearray(BUFFER_BYTES + MAX_QUERY_BYTES))
 
-    @property
-    def carry_bytes(self) -> int:
-        return len(self.query) - 1
+    def __post_init__(self) -> None:
+        self.view = memoryview(self.buffer)
+        # A match may begin this many bytes before a buffer and end inside it.
+        self.carry_bytes = len(self.query) - 1
 
     def out_of_time(self) -> bool:
         """Whether the deadline passed; before anything was scanned that fails the call."""
@@ -159,46 +163,54 @@ class _Scan:
         at, skip = where.at, where.skip
         if at > row.size:
             raise CursorRefused("cursor", "points past the end of its file")
-        with self.package.files.open(row.path, row.size) as descriptor:
+        descriptor = self.package.files.descriptor(row.path, row.size)
+        try:
             carry = tail[-self.carry_bytes :] if self.carry_bytes and at == 0 else b""
             if at > 0 and self.carry_bytes:
                 own = read_range(descriptor, max(0, at - self.carry_bytes), min(at, self.carry_bytes))
                 carry = (tail + own)[-self.carry_bytes :]
+            buffer = self.buffer
             while True:
                 if self.scanned >= SCAN_BYTES:
                     return _Stop(_BUDGET, where.position(at, skip)), b""
                 if self.out_of_time():
                     return _Stop(_TIME, where.position(at, skip)), b""
                 length = min(row.size - at, SCAN_BYTES - self.scanned, BUFFER_BYTES)
-                data = read_range(descriptor, at, length)
+                # The carried bytes, then the file's next bytes read in place: no copy per part.
+                kept = len(carry)
+                buffer[:kept] = carry
+                end = kept + length
+                read_into(descriptor, self.view[kept:end], at)
                 self.scanned += length
                 if length == row.size:
                     # A whole part in one buffer (merge's parts are at most 32 KiB): checked in memory.
-                    if hashlib.sha256(data).hexdigest() != row.sha256:
+                    if hashlib.sha256(self.view[kept:end]).hexdigest() != row.sha256:
                         raise PackageDamaged(f"{row.path} does not match its registered sha256")
                     self.verified.add(row.path)
-                buffer = carry + data if carry else data
                 reported = 0
                 position = 0
-                while (found := buffer.find(self.query, position)) >= 0:
+                while (found := buffer.find(self.query, position, end)) >= 0:
                     position = found + len(self.query)
-                    if position <= len(carry):
+                    if position <= kept:
                         continue  # wholly in the carried bytes: reported with the buffer before
                     reported += 1
                     if reported <= skip:
                         continue
-                    if not self.page.add(self._match(buffer, found, at - len(carry), row, previous)):
+                    if not self.page.add(self._match(end, found, at - kept, row, previous)):
                         return _Stop(_OUTPUT, where.position(at, reported - 1)), b""
                 skip = 0
-                carry = buffer[-self.carry_bytes :] if self.carry_bytes else b""
+                carry = bytes(self.view[max(0, end - self.carry_bytes) : end]) if self.carry_bytes else b""
                 at += length
                 if at >= row.size:
                     self.verify(row)  # scanned in pieces: read once more to check it whole
                     return None, carry
+        finally:
+            os.close(descriptor)
 
-    def _match(self, buffer: bytes, found: int, base: int, row: FileRow, previous: FileRow | None) -> Entry:
-        """The entry of a match at buffer[found:], where buffer[0] is byte `base` of `row` (negative:
-        the carried bytes from the end of `previous`); every file it shows is verified first."""
+    def _match(self, end: int, found: int, base: int, row: FileRow, previous: FileRow | None) -> Entry:
+        """The entry of a match at buffer[found:] (the buffer holds `end` bytes; buffer[0] is byte `base`
+        of `row`, negative: the carried bytes from the end of `previous`); every file it shows is
+        verified first."""
         self.verify(row)
         if base < 0 and previous is not None:
             self.verify(previous)
@@ -206,7 +218,7 @@ class _Scan:
         ref = row.ref
         if offset < 0 and previous is not None:
             ref, offset = previous.ref, previous.size + offset
-        return Entry(ref, "part", _excerpt(buffer, found, len(self.query), offset))
+        return Entry(ref, "part", _excerpt(bytes(self.view[:end]), found, len(self.query), offset))
 
     def items(self, start: Position) -> _Stop | None:
         """Scan the handoff's detailed items from `start` on."""
@@ -258,14 +270,7 @@ def search(package: Package, arguments: Arguments, start: Position | None, curso
     if start is None:
         # Records have no section: a search narrowed to a section reads only the handoff's items.
         start = Position(phase="items" if arguments.section else "records")
-    stop = None
-    if start.phase == "records":
-        stop = scan.records(start)
-        start = Position(phase="items")
-    if stop is None and start.phase == "items":
-        stop = scan.items(start)
-    elif stop is None:
-        raise CursorRefused("cursor", "was not issued by a search")
+    stop = _scan(scan, start)
     if stop is None:
         warning = "" if page.entries else "No match anywhere in the package."
         return page.result(True, warning=warning)
@@ -276,3 +281,15 @@ def search(package: Package, arguments: Arguments, start: Position | None, curso
         _TIME: "The call's time budget ran out before the scan finished: continue with next_cursor.",
     }
     return page.result(False, cursors.issue(arguments, stop.position), warnings[stop.reason])
+
+
+def _scan(scan: _Scan, start: Position) -> _Stop | None:
+    stop = None
+    if start.phase == "records":
+        stop = scan.records(start)
+        start = Position(phase="items")
+    if stop is None and start.phase == "items":
+        stop = scan.items(start)
+    elif stop is None:
+        raise CursorRefused("cursor", "was not issued by a search")
+    return stop

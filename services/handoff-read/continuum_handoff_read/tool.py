@@ -15,6 +15,7 @@ from continuum_handoff_read.arguments import Arguments, parse_arguments
 from continuum_handoff_read.assets import asset
 from continuum_handoff_read.cursors import Cursors, Position
 from continuum_handoff_read.deadline import Deadline
+from continuum_handoff_read.files import IntactFiles
 from continuum_handoff_read.listing import list_directory
 from continuum_handoff_read.manifest import Package
 from continuum_handoff_read.reading import read
@@ -26,19 +27,26 @@ _ACTIONS: dict[str, _Action] = {"list": list_directory, "search": search, "read"
 
 
 def execute(
-    package_dir: Path, package_version: str, arguments_json: str, *, cursor_key: bytes, deadline: Deadline
+    package_dir: Path,
+    package_version: str,
+    arguments_json: str,
+    *,
+    cursor_key: bytes,
+    deadline: Deadline,
+    intact: IntactFiles | None = None,
 ) -> ToolResult:
     """Run one HandoffRead call over the package in `package_dir` (``<package root>/<operation id>/``).
 
     `package_version` is what cursors are bound to (the binding's handoff hash or version: a cursor of
-    another package never opens here). Raises the service's errors: BadRequest, CursorInvalid,
+    another package never opens here). `intact` is the service's one IntactFiles (none: every manifest
+    is hashed whole on every call). Raises the service's errors: BadRequest, CursorInvalid,
     RefNotFound, PackageDamaged, AssetTooLarge, BudgetExceeded.
     """
     arguments = parse_arguments(arguments_json)
     cursors = Cursors(cursor_key, package_version)
     start = cursors.open(arguments)
     deadline.check("starting the read")
-    with Package(package_dir, deadline) as package:
+    with Package(package_dir, deadline, intact) as package:
         result = _ACTIONS[arguments.action](package, arguments, start, cursors)
     # The pages are built within the budget; this guards the invariant the contract promises.
     if len(result.wrapped().encode()) > OUTPUT_BYTES:
