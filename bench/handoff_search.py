@@ -36,9 +36,8 @@ from typing import Any
 
 # Run as `python bench/<name>.py`: the repo root must be importable for `bench.bench_support`, and the
 # handoff-read tests' directory for the package writer they share with this benchmark.
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "services" / "handoff-read" / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "services" / "handoff-read" / "tests"))
 
 from package_testing import TEXT_PART_BYTES, Item, PackageBuilder, evidence
 
@@ -52,7 +51,7 @@ MIB = 1024 * 1024
 TARGET_RATIO = 0.5
 QUERY = "交接_needle 路径/src/handoff_reader.rs::resolve_binding"
 CURSOR_KEY = b"bench-handoff-search-cursor-key!"
-CHINESE = "继续开发前先读取相关交接详情，历史测试通过不代表当前测试通过。接口约定：字段改名为 displayName。\n"
+CHINESE = "继续开发前先读取相关交接详情 历史测试通过不代表当前测试通过 接口约定 字段改名为 displayName\n"
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -93,7 +92,7 @@ def build(package: Path, rng: random.Random, text_bytes: int) -> tuple[int, int]
     inside = across = 0
     written = 0
     message = 0
-    evidences = []
+    evidences: list[tuple[str, str]] = []
     for source in ("frontend", "backend", "infra"):
         builder.session(source, source, f"the {source} work")
         builder.session(f"{source}-sub", source, f"a subtask of {source}")
