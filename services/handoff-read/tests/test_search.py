@@ -213,3 +213,17 @@ def test_the_source_filter_walks_records_beside_files_across_pages(tmp_path: Pat
     assert len(refs) == 12
     everywhere = every_page(package, version, action="search", query=needle.decode())
     assert len({entry.ref for page in everywhere for entry in page.entries}) == 24
+
+
+def test_a_match_is_never_made_of_two_records(tmp_path: Path) -> None:
+    package = tmp_path / "op-two-records"
+    builder = PackageBuilder(package)
+    builder.session("a", "a")
+    builder.message("a", 1, "the end of one record: JOINED_")
+    builder.message("a", 2, "ACROSS_RECORDS is how the next one begins")
+    whole = builder.message("a", 3, "but here JOINED_ACROSS_RECORDS is whole")
+    version = builder.finish()
+
+    found = call(package, version, action="search", query="JOINED_ACROSS_RECORDS")
+
+    assert [entry.ref for entry in found.entries] == [f"r_{whole}:p0"]
