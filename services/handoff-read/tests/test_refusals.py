@@ -13,9 +13,10 @@ import pytest
 from package_testing import PackageBuilder, replace_file
 from test_search import KEY, call
 
-from continuum_handoff_read import errors
+from continuum_handoff_read import errors, files
 from continuum_handoff_read.deadline import Deadline
 from continuum_handoff_read.tool import execute
+from continuum_runtime.clock import SystemClock
 
 
 @pytest.fixture
@@ -204,3 +205,51 @@ def test_a_spent_deadline_is_budget_exceeded_and_a_late_one_ends_the_page_with_a
     assert not late.complete
     assert "time budget" in late.warning
     assert late.next_cursor
+
+
+def test_without_openat2_the_walk_refuses_the_same_planted_directory(
+    package: tuple[Path, str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, version, ref = package
+    monkeypatch.setattr(files, "_SYSCALL", None)
+    assert call(root, version, action="read", ref=f"r_{ref}:p0").entries[0].text == "the only FINDME record"
+    text = root / "snapshot" / "text"
+    moved = tmp_path / "text-elsewhere"
+    text.rename(moved)
+    text.symlink_to(moved)
+    with pytest.raises(errors.PackageDamaged):
+        call(root, version, action="read", ref=f"r_{ref}:p0")
+
+
+class CountingIntact(files.IntactFiles):
+    """IntactFiles that counts the files it was told were hashed and found intact."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.added = 0
+
+    def add(self, identity: tuple[int | str, ...]) -> None:
+        self.added += 1
+        super().add(identity)
+
+
+def test_intact_manifests_are_hashed_once_and_again_after_a_write(package: tuple[Path, str, str]) -> None:
+    root, version, _ = package
+    intact = CountingIntact()
+
+    def search() -> None:
+        arguments = '{"action": "search", "query": "FINDME"}'
+        assert execute(
+            root, version, arguments, cursor_key=KEY, deadline=Deadline(SystemClock()), intact=intact
+        ).complete
+
+    search()
+    assert intact.added == 2  # files.jsonl and details.jsonl
+    search()
+    search()
+    assert intact.added == 2
+    # A manifest written since has another ctime: hashed again, and refused.
+    manifest = root / "snapshot" / "files.jsonl"
+    manifest.write_bytes(manifest.read_bytes().replace(b'"kind":"text"', b'"kind":"TEXT"', 1))
+    with pytest.raises(errors.PackageDamaged):
+        search()

@@ -4,6 +4,7 @@ of a very long line, the 8 MiB page budget continued by cursor, bounded output."
 from __future__ import annotations
 
 import json
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -227,3 +228,17 @@ def test_a_match_is_never_made_of_two_records(tmp_path: Path) -> None:
     found = call(package, version, action="search", query="JOINED_ACROSS_RECORDS")
 
     assert [entry.ref for entry in found.entries] == [f"r_{whole}:p0"]
+
+
+def test_memory_stays_bounded_whatever_the_package_size(tmp_path: Path) -> None:
+    needle = b"MEMORY_NEEDLE"
+    package, version, _ = big_package(tmp_path, 24, needle, 5)
+    tracemalloc.start()
+    try:
+        pages = every_page(package, version, action="search", query=needle.decode())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(pages) >= 3
+    # One 1 MiB read buffer, one manifest buffer and one page: not the 24 MiB of text, not the manifests.
+    assert peak < 6 * 1024 * 1024, peak
