@@ -234,7 +234,7 @@ class IntactFiles:
 
 def read_into(descriptor: int, buffer: memoryview, start: int) -> None:
     """Fill `buffer` with the bytes at `start` (PackageDamaged when the file ends early: it shrank)."""
-    filled = 0
+    filled = os.preadv(descriptor, [buffer], start)
     while filled < len(buffer):
         count = os.preadv(descriptor, [buffer[filled:]], start + filled)
         if count == 0:

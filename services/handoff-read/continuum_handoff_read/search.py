@@ -17,7 +17,7 @@ import hashlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from continuum_handoff_read.arguments import MAX_QUERY_BYTES, Arguments
 from continuum_handoff_read.cursors import CursorRefused, Cursors, Position
@@ -58,8 +58,7 @@ class _Stop:
     position: Position
 
 
-@dataclass(frozen=True)
-class _Where:
+class _Where(NamedTuple):
     """Where a text part's scan began: its files.jsonl line, the byte it resumed at, matches already
     returned there, the previous part's line and the record's line (a Position once a page stops)."""
 
@@ -202,7 +201,8 @@ class _Scan:
                 carry = bytes(self.view[max(0, end - self.carry_bytes) : end]) if self.carry_bytes else b""
                 at += length
                 if at >= row.size:
-                    self.verify(row)  # scanned in pieces: read once more to check it whole
+                    if row.path not in self.verified:
+                        self.verify(row)  # scanned in pieces: read once more to check it whole
                     return None, carry
         finally:
             os.close(descriptor)
