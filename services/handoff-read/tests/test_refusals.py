@@ -253,3 +253,16 @@ def test_intact_manifests_are_hashed_once_and_again_after_a_write(package: tuple
     manifest.write_bytes(manifest.read_bytes().replace(b'"kind":"text"', b'"kind":"TEXT"', 1))
     with pytest.raises(errors.PackageDamaged):
         search()
+
+
+def test_a_read_cursor_opens_only_for_the_ref_it_was_issued_for(package: tuple[Path, str, str]) -> None:
+    root, version, _ = package
+    listing = call(root, version, action="list", source_id="a", limit=3)
+    first, second = (entry.ref for entry in listing.entries[1:3])
+    page = call(root, version, action="read", ref=first)
+    assert not page.complete  # 90 KB of text: several pages
+    assert call(root, version, action="read", ref=first, cursor=page.next_cursor).entries
+    with pytest.raises(errors.CursorInvalid):
+        call(root, version, action="read", ref=second, cursor=page.next_cursor)
+    with pytest.raises(errors.CursorInvalid):
+        call(root, version, action="read", ref=f"{first}:raw", cursor=page.next_cursor)
