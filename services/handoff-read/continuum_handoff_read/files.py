@@ -55,11 +55,6 @@ def _load_syscall() -> Callable[..., int] | None:
 _SYSCALL = _load_syscall()
 
 
-def safe_relative(relative: str) -> bool:
-    """Whether `relative` is a path merge could have generated: 1-4 plain segments, no `..`, no dot files."""
-    return _PATH.fullmatch(relative) is not None
-
-
 class PackageFiles:
     """Descriptor-relative access to one package directory (`<package root>/<operation id>/`).
 

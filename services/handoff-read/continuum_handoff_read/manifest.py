@@ -228,13 +228,6 @@ class Package:
             raise PackageDamaged("snapshot/manifest.json lists no sources")
         return sources
 
-    def version(self) -> int:
-        """The snapshot version."""
-        version = self.manifest.get("version")
-        if not isinstance(version, int):
-            raise PackageDamaged("snapshot/manifest.json has no version")
-        return version
-
     def unit_items(self, row: DetailRow) -> list[dict[str, Any]]:
         """The items of one unit's details file, checked against its sha256."""
         size = self.files.size(row.path)
@@ -271,11 +264,6 @@ class Package:
         """The sessions of the source tree rooted at `source_id` (a session id that is no root: itself)."""
         members = {session for session, root in self.session_roots() if root == source_id or session == source_id}
         return frozenset(members)
-
-
-def parse_line(data: bytes, where: str) -> dict[str, Any]:
-    """A manifest line as a JSON object; PackageDamaged when it is not one."""
-    return _object(data, where)
 
 
 def _object(data: bytes, where: str) -> dict[str, Any]:

@@ -89,10 +89,6 @@ class Page:
         """Bytes of wrapped text still free for entries."""
         return self._room
 
-    def full(self) -> bool:
-        """Whether no further entry may be added (count reached, or too little room for any text)."""
-        return len(self.entries) >= self.limit or self._room < 256
-
     def add(self, entry: Entry) -> bool:
         """Add `entry` if it fits; whether it did."""
         size = encoded_size(entry)
