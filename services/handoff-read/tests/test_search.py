@@ -8,6 +8,7 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import package_testing
 import pytest
 from package_testing import TEXT_PART_BYTES, Item, PackageBuilder, evidence
 
@@ -242,3 +243,44 @@ def test_memory_stays_bounded_whatever_the_package_size(tmp_path: Path) -> None:
     assert len(pages) >= 3
     # One 1 MiB read buffer, one manifest buffer and one page: not the 24 MiB of text, not the manifests.
     assert peak < 6 * 1024 * 1024, peak
+
+
+def test_pages_that_stop_inside_parts_and_buffers_find_every_match_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Odd page budgets and tiny buffers make pages stop inside parts and scans carry bytes between
+    buffers of one part: the matches found are exactly those of each record's whole text."""
+    needle = "needle/在这里"
+    package = tmp_path / "op-odd"
+    builder = PackageBuilder(package)
+    builder.session("a", "a")
+    texts = {}
+    for index in range(6):
+        chunks = []
+        for position in range(40):
+            chunks.append("汉字 filler text " * (7 + (position * 13 + index) % 50))
+            chunks.append(needle)
+        text = "".join(chunks)
+        texts[builder.message("a", index + 1, text)] = text.encode()
+    version = builder.finish()
+    expected = set()
+    for ref, data in texts.items():
+        # Parts end on code point boundaries: a match belongs to the part holding its first byte.
+        starts = [0]
+        for piece in package_testing.utf8_parts(data):
+            starts.append(starts[-1] + len(piece))
+        found = data.find(needle.encode())
+        while found >= 0:
+            part = max(number for number, start in enumerate(starts[:-1]) if start <= found)
+            expected.add((f"r_{ref}:p{part}", found - starts[part]))
+            found = data.find(needle.encode(), found + 1)
+    assert len(expected) == 240
+    monkeypatch.setattr(search_module, "SCAN_BYTES", 10_007)
+    monkeypatch.setattr(search_module, "BUFFER_BYTES", 997)
+
+    pages = every_page(package, version, action="search", query=needle, limit=7)
+
+    reported = [(entry.ref, int(entry.text.split("at byte ")[1].split(":")[0])) for p in pages for entry in p.entries]
+    assert len(reported) == len(set(reported))
+    assert set(reported) == expected
+    assert len(pages) > 20
