@@ -284,3 +284,26 @@ def test_pages_that_stop_inside_parts_and_buffers_find_every_match_once(
     assert len(reported) == len(set(reported))
     assert set(reported) == expected
     assert len(pages) > 20
+
+
+def test_a_page_stopping_just_after_a_part_cut_still_finds_the_match_across_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    package = tmp_path / "op-cut"
+    builder = PackageBuilder(package)
+    builder.session("a", "a")
+    needle = b"ACROSS_THE_CUT_42"
+    head = b"x" * (TEXT_PART_BYTES - 7)
+    ref = builder.message("a", 1, head + needle + b"y" * 100)
+    version = builder.finish()
+    # The session record's part, part 0, and 5 bytes of part 1: the page ends inside the needle.
+    session_part = (package / "snapshot" / "text").glob("*.txt")
+    session_bytes = sum(path.stat().st_size for path in session_part if not path.name.startswith(ref))
+    monkeypatch.setattr(search_module, "SCAN_BYTES", session_bytes + TEXT_PART_BYTES + 5)
+
+    pages = every_page(package, version, action="search", query=needle.decode())
+
+    assert not pages[0].entries
+    assert not pages[0].complete
+    found = [entry for page in pages for entry in page.entries]
+    assert [(entry.ref, entry.text.split(":")[0]) for entry in found] == [(f"r_{ref}:p0", f"at byte {len(head)}")]
