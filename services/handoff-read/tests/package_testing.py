@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -153,7 +154,7 @@ class PackageBuilder:
 
     def message(
         self, session_id: str, message_id: int, text: str | bytes, role: str = "USER",
-        attachments: list[tuple[str, str, bytes]] = (),  # type: ignore[assignment]
+        attachments: Sequence[tuple[str, str, bytes]] = (),
     ) -> str:  # fmt: skip
         """A message record whose text projection is `text` (written as is); its attachments' bytes go to
         assets/ once per digest. Returns the recordRef."""
