@@ -18,11 +18,12 @@ from continuum_handoff_read.errors import BadRequest
 
 # ExecuteHandoffReadRequest.arguments_json: at most 8 KiB.
 MAX_ARGUMENTS_BYTES = 8 * 1024
-MAX_REF_BYTES = 256
-MAX_QUERY_BYTES = 1024
+MAX_REF_BYTES = 512
+# The tool's schema allows 1024 characters: up to 4 bytes each.
+MAX_QUERY_BYTES = 4096
 MAX_SOURCE_ID_BYTES = 256
 MAX_CURSOR_BYTES = 1024
-MAX_LIMIT = 100
+MAX_LIMIT = 200
 ACTIONS = ("list", "search", "read", "asset")
 # The sections of merge's item schema v2 (the handoff's details files carry these names).
 SECTIONS = (
