@@ -1,0 +1,295 @@
+"""Literal search over every text the package registers: the snapshot's text parts, then the
+handoff's detailed items.
+
+The query's UTF-8 bytes are looked for with bytes.find over whole buffers (no lines, so no line is
+ever too long to search, and nothing is decoded but the excerpts). Each buffer is preceded by the last
+len(query) - 1 bytes before it, from the same file or from the previous part of the same record, so a
+match split across buffers or across two parts is found; a match lying wholly in those carried bytes
+was reported with the buffer before and is not reported again. A page scans at most 8 MiB of text,
+then answers with a cursor; `complete` is True only once every candidate was scanned. Every part
+scanned is checked against its registered size and sha256 (in memory when it was read whole), so
+neither an excerpt nor "no match" ever stands on altered bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from continuum_handoff_read.arguments import MAX_QUERY_BYTES, Arguments
+from continuum_handoff_read.cursors import CursorRefused, Cursors, Position
+from continuum_handoff_read.errors import BudgetExceeded, PackageDamaged
+from continuum_handoff_read.files import read_into, read_range
+from continuum_handoff_read.manifest import (
+    DETAILS,
+    FILES,
+    RECORDS,
+    FileRow,
+    Line,
+    Package,
+    RecordRow,
+    detail_row,
+    file_row,
+    item_sessions,
+    record_row,
+)
+from continuum_handoff_read.results import Entry, Page, ToolResult, utf8_end, utf8_start
+
+# Seed 000 §7.2: at most 8 MiB of body scanned per page.
+SCAN_BYTES = 8 * 1024 * 1024
+BUFFER_BYTES = 1024 * 1024
+# Bytes of context on each side of a match in its excerpt.
+CONTEXT_BYTES = 120
+DEFAULT_LIMIT = 20
+
+_BUDGET = "budget"
+_OUTPUT = "output"
+_TIME = "time"
+
+
+@dataclass
+class _Stop:
+    """Why and where a page ended before the last candidate."""
+
+    reason: str
+    position: Position
+
+
+class _Where(NamedTuple):
+    """Where a text part's scan began: its files.jsonl line, the byte it resumed at, matches already
+    returned there, the previous part's line and the record's line (a Position once a page stops)."""
+
+    row: int
+    at: int
+    skip: int
+    previous: int
+    record: int
+
+    def position(self, at: int, skip: int) -> Position:
+        return Position(phase="records", row=self.row, at=at, skip=skip, previous=self.previous, record=self.record)
+
+
+@dataclass
+class _Records:
+    """records.jsonl walked beside files.jsonl, to know which session a text part belongs to."""
+
+    lines: Iterator[Line]
+    current: RecordRow | None = None
+    offset: int = 0
+
+    def of(self, row: FileRow) -> RecordRow:
+        while self.current is None or self.current.record_ref != row.record_ref:
+            line = next(self.lines, None)
+            if line is None:
+                raise PackageDamaged("snapshot/files.jsonl names a record records.jsonl does not hold in order")
+            self.current, self.offset = record_row(line.data), line.offset
+        return self.current
+
+
+@dataclass
+class _Scan:
+    package: Package
+    arguments: Arguments
+    query: bytes
+    page: Page
+    members: frozenset[str] | None
+    scanned: int = 0
+    verified: set[str] = field(default_factory=set)
+    # One read buffer for every part of the page: the carried bytes and up to BUFFER_BYTES read.
+    buffer: bytearray = field(default_factory=lambda: bytearray(BUFFER_BYTES + MAX_QUERY_BYTES))
+
+    def __post_init__(self) -> None:
+        self.view = memoryview(self.buffer)
+        # A match may begin this many bytes before a buffer and end inside it.
+        self.carry_bytes = len(self.query) - 1
+
+    def out_of_time(self) -> bool:
+        """Whether the deadline passed; before anything was scanned that fails the call."""
+        if not self.package.deadline.expired():
+            return False
+        if self.scanned == 0 and not self.page.entries:
+            raise BudgetExceeded("the call's time budget ran out before the search could scan anything")
+        return True
+
+    def verify(self, row: FileRow) -> None:
+        if row.path not in self.verified:
+            self.package.files.verify(row.path, row.size, row.sha256, self.package.deadline)
+            self.verified.add(row.path)
+
+    def records(self, start: Position) -> _Stop | None:
+        """Scan the text parts from `start` on."""
+        records = None
+        if self.members is not None:
+            records = _Records(self.package.lines(RECORDS, start.record), offset=start.record)
+        previous: FileRow | None = None
+        previous_offset = -1
+        tail = b""
+        if start.previous >= 0:
+            previous_offset = start.previous
+            previous = file_row(next(self.package.lines(FILES, start.previous)).data)
+            tail = self.package.files.read(
+                previous.path, previous.size, max(0, previous.size - self.carry_bytes), self.carry_bytes
+            )
+        for line in self.package.lines(FILES, start.row):
+            if b'"text"' not in line.data:
+                continue  # raw and asset rows: not text
+            row = file_row(line.data)
+            if row.kind != "text":
+                continue
+            if records is not None and records.of(row).session_id not in self.members:  # type: ignore[operator]
+                continue
+            if not (previous and previous.record_ref == row.record_ref and previous.part == (row.part or 0) - 1):
+                previous, previous_offset, tail = None, -1, b""
+            resumed = line.offset == start.row
+            where = _Where(
+                line.offset,
+                start.at if resumed else 0,
+                start.skip if resumed else 0,
+                previous_offset,
+                records.offset if records is not None else 0,
+            )
+            stop, tail = self._file(where, row, previous, tail)
+            if stop is not None:
+                return stop
+            previous, previous_offset = row, line.offset
+        return None
+
+    def _file(self, where: _Where, row: FileRow, previous: FileRow | None, tail: bytes) -> tuple[_Stop | None, bytes]:
+        """Scan one text part from `where.at` on; a stop, or the bytes to carry into the next part."""
+        at, skip = where.at, where.skip
+        if at > row.size:
+            raise CursorRefused("cursor", "points past the end of its file")
+        descriptor = self.package.files.descriptor(row.path, row.size)
+        try:
+            carry = tail[-self.carry_bytes :] if self.carry_bytes and at == 0 else b""
+            if at > 0 and self.carry_bytes:
+                own = read_range(descriptor, max(0, at - self.carry_bytes), min(at, self.carry_bytes))
+                carry = (tail + own)[-self.carry_bytes :]
+            buffer = self.buffer
+            while True:
+                if self.scanned >= SCAN_BYTES:
+                    return _Stop(_BUDGET, where.position(at, skip)), b""
+                if self.out_of_time():
+                    return _Stop(_TIME, where.position(at, skip)), b""
+                length = min(row.size - at, SCAN_BYTES - self.scanned, BUFFER_BYTES)
+                # The carried bytes, then the file's next bytes read in place: no copy per part.
+                kept = len(carry)
+                buffer[:kept] = carry
+                end = kept + length
+                read_into(descriptor, self.view[kept:end], at)
+                self.scanned += length
+                if length == row.size:
+                    # A whole part in one buffer (merge's parts are at most 32 KiB): checked in memory.
+                    if hashlib.sha256(self.view[kept:end]).hexdigest() != row.sha256:
+                        raise PackageDamaged(f"{row.path} does not match its registered sha256")
+                    self.verified.add(row.path)
+                reported = 0
+                position = 0
+                while (found := buffer.find(self.query, position, end)) >= 0:
+                    position = found + len(self.query)
+                    if position <= kept:
+                        continue  # wholly in the carried bytes: reported with the buffer before
+                    reported += 1
+                    if reported <= skip:
+                        continue
+                    if not self.page.add(self._match(end, found, at - kept, row, previous)):
+                        return _Stop(_OUTPUT, where.position(at, reported - 1)), b""
+                skip = 0
+                carry = bytes(self.view[max(0, end - self.carry_bytes) : end]) if self.carry_bytes else b""
+                at += length
+                if at >= row.size:
+                    if row.path not in self.verified:
+                        self.verify(row)  # scanned in pieces: read once more to check it whole
+                    return None, carry
+        finally:
+            os.close(descriptor)
+
+    def _match(self, end: int, found: int, base: int, row: FileRow, previous: FileRow | None) -> Entry:
+        """The entry of a match at buffer[found:] (the buffer holds `end` bytes; buffer[0] is byte `base`
+        of `row`, negative: the carried bytes from the end of `previous`); every file it shows is
+        verified first."""
+        self.verify(row)
+        if base < 0 and previous is not None:
+            self.verify(previous)
+        offset = base + found
+        ref = row.ref
+        if offset < 0 and previous is not None:
+            ref, offset = previous.ref, previous.size + offset
+        return Entry(ref, "part", _excerpt(bytes(self.view[:end]), found, len(self.query), offset))
+
+    def items(self, start: Position) -> _Stop | None:
+        """Scan the handoff's detailed items from `start` on."""
+        for line in self.package.lines(DETAILS, start.row):
+            detail = detail_row(line.data)
+            first = start.at if line.offset == start.row else 0
+            here = Position(phase="items", row=line.offset, at=first)
+            size = self.package.files.size(detail.path)
+            if self.scanned and self.scanned + size > SCAN_BYTES:
+                return _Stop(_BUDGET, here)
+            if self.out_of_time():
+                return _Stop(_TIME, here)
+            items = self.package.unit_items(detail)
+            self.scanned += size
+            for index in range(first, len(items)):
+                entry = self._item(items[index])
+                if entry is not None and not self.page.add(entry):
+                    return _Stop(_OUTPUT, here.model_copy(update={"at": index}))
+        return None
+
+    def _item(self, item: dict[str, Any]) -> Entry | None:
+        if self.arguments.section and item["section"] != self.arguments.section:
+            return None
+        if self.members is not None and not item_sessions(item) & self.members:
+            return None
+        content = item["content"].encode()
+        found = content.find(self.query)
+        if found < 0:
+            return None
+        excerpt = _excerpt(content, found, len(self.query), found)
+        return Entry(item["itemId"], "item", f"[{item['section']} / {item['status']}] {excerpt}")
+
+
+def _excerpt(buffer: bytes, found: int, length: int, offset: int) -> str:
+    """The match with up to CONTEXT_BYTES on each side, cut on code point boundaries, and where it is."""
+    low = utf8_start(buffer, max(0, found - CONTEXT_BYTES))
+    high = utf8_end(buffer, min(len(buffer), found + length + CONTEXT_BYTES))
+    before = "…" if low > 0 else ""
+    after = "…" if high < len(buffer) else ""
+    text = buffer[low:high].decode("utf-8", errors="replace")
+    return f"at byte {offset}: {before}{text}{after}"
+
+
+def search(package: Package, arguments: Arguments, start: Position | None, cursors: Cursors) -> ToolResult:
+    """One page of a literal search for `arguments.query`, narrowed by source and section."""
+    page = Page(arguments.limit or DEFAULT_LIMIT)
+    members = package.tree(arguments.source_id) if arguments.source_id else None
+    scan = _Scan(package, arguments, arguments.query.encode(), page, members)
+    if start is None:
+        # Records have no section: a search narrowed to a section reads only the handoff's items.
+        start = Position(phase="items" if arguments.section else "records")
+    stop = _scan(scan, start)
+    if stop is None:
+        warning = "" if page.entries else "No match anywhere in the package."
+        return page.result(True, warning=warning)
+    warnings = {
+        _BUDGET: f"This page scanned {scan.scanned} bytes of text (the page's budget); what this page did not "
+        "show may still be in the package: continue with next_cursor.",
+        _OUTPUT: "The page is full; more matches may follow: continue with next_cursor.",
+        _TIME: "The call's time budget ran out before the scan finished: continue with next_cursor.",
+    }
+    return page.result(False, cursors.issue(arguments, stop.position), warnings[stop.reason])
+
+
+def _scan(scan: _Scan, start: Position) -> _Stop | None:
+    stop = None
+    if start.phase == "records":
+        stop = scan.records(start)
+        start = Position(phase="items")
+    if stop is None and start.phase == "items":
+        stop = scan.items(start)
+    elif stop is None:
+        raise CursorRefused("cursor", "was not issued by a search")
+    return stop
