@@ -96,10 +96,3 @@ class MergeUnavailable(HandoffReadError):
 
     code = grpc.StatusCode.UNAVAILABLE
     reason = "MERGE_UNAVAILABLE"
-
-
-class ReadingUnimplemented(HandoffReadError):
-    """The binding verified, but this build has no package reader wired to the servicer yet."""
-
-    code = grpc.StatusCode.UNIMPLEMENTED
-    reason = "HANDOFF_READING_UNIMPLEMENTED"

@@ -13,6 +13,7 @@ from continuum_handoff_read.reference import ReferenceBuilder
 from continuum_handoff_read.servicer import HandoffReadServicer
 from continuum_handoff_read.settings import HandoffReadSettings
 from continuum_handoff_read.transcript_client import TranscriptClient
+from continuum_runtime.clock import Clock, SystemClock
 from continuum_runtime.paging import token_secret
 from continuum_runtime.server import GrpcService, start_server
 from continuum_runtime.telemetry import tracer_provider
@@ -31,8 +32,8 @@ def cursor_key(settings: HandoffReadSettings) -> bytes:
     return token_secret(configured, "handoff_read")
 
 
-async def start(settings: HandoffReadSettings) -> GrpcService:
-    """Start the handoff-read service."""
+async def start(settings: HandoffReadSettings, clock: Clock | None = None) -> GrpcService:
+    """Start the handoff-read service (on `clock` when given: tests move time instead of waiting)."""
     token = settings.service_token.get_secret_value()
     transcript = TranscriptClient(
         settings.transcript_address, token, settings.call_timeout_seconds, settings.grpc_max_message_bytes
@@ -44,6 +45,7 @@ async def start(settings: HandoffReadSettings) -> GrpcService:
         ReferenceBuilder(settings.reference_file_max_bytes),
         cursor_key(settings),
         settings.call_deadline_seconds,
+        clock or SystemClock(),
     )
 
     def register(server: grpc.aio.Server) -> list[str]:

@@ -14,11 +14,14 @@ import grpc
 
 from continuum.handoff_read.v1 import handoff_read_service_pb2 as api
 from continuum.handoff_read.v1 import handoff_read_service_pb2_grpc as api_grpc
-from continuum_handoff_read import binding
+from continuum_handoff_read import binding, tool
 from continuum_handoff_read.binding import Binder
-from continuum_handoff_read.errors import BadRequest, BudgetExceeded, ReadingUnimplemented
+from continuum_handoff_read.deadline import Deadline
+from continuum_handoff_read.errors import BadRequest, BudgetExceeded
+from continuum_handoff_read.files import IntactFiles
 from continuum_handoff_read.reference import ReferenceBuilder
 from continuum_runtime.auth import acting_user
+from continuum_runtime.clock import Clock
 
 Context: TypeAlias = grpc.aio.ServicerContext
 logger = logging.getLogger("continuum.handoff_read")
@@ -35,13 +38,21 @@ class HandoffReadServicer(api_grpc.HandoffReadServiceServicer):
     """The gRPC face of handoff-read."""
 
     def __init__(
-        self, binder: Binder, references: ReferenceBuilder, cursor_key: bytes, deadline_seconds: float
+        self,
+        binder: Binder,
+        references: ReferenceBuilder,
+        cursor_key: bytes,
+        deadline_seconds: float,
+        clock: Clock,
     ) -> None:
         self._binder = binder
         self._references = references
         # Authenticates the package reader's cursors.
         self._cursor_key = cursor_key
         self._deadline_seconds = deadline_seconds
+        self._clock = clock
+        # Manifests already hashed whole, shared by every call of this process (re-hashed once changed).
+        self._intact = IntactFiles()
 
     async def GetHandoffReference(
         self, request: api.GetHandoffReferenceRequest, context: Context
@@ -68,12 +79,36 @@ class HandoffReadServicer(api_grpc.HandoffReadServiceServicer):
             raise BadRequest("arguments_json", "must hold the tool call's arguments")
         if len(request.arguments_json.encode()) > MAX_ARGUMENTS_BYTES:
             raise BadRequest("arguments_json", f"must be at most {MAX_ARGUMENTS_BYTES} bytes")
+        # One deadline for the whole call: the binding's checks and the package reads spend it together.
+        deadline = Deadline(self._clock, self._deadline_seconds)
         try:
-            async with asyncio.timeout(self._deadline_seconds):
+            async with asyncio.timeout(deadline.remaining()):
                 bound = await self._binder.for_run(user, request.run_id)
-                # The package reader answers here once it is wired in: tool.execute(bound.package_dir,
-                # bound.package_version, request.arguments_json, cursor_key=self._cursor_key, deadline=...).
-                logger.info("handoff read refused: no reader", extra={"operation_id": bound.operation_id})
-                raise ReadingUnimplemented("the binding verified, but this build does not read packages yet")
         except TimeoutError as error:
             raise BudgetExceeded("the binding could not be verified within the call's deadline") from error
+        try:
+            # Blocking file reads in a worker thread; the reader checks the deadline between buffers
+            # and files, and stops at its next check once this call is cancelled.
+            result = await asyncio.to_thread(
+                tool.execute,
+                bound.package_dir,
+                bound.package_version,
+                request.arguments_json,
+                cursor_key=self._cursor_key,
+                deadline=deadline,
+                intact=self._intact,
+            )
+        except asyncio.CancelledError:
+            deadline.cancel()
+            raise
+        response = api.ExecuteHandoffReadResponse(
+            entries=[api.HandoffReadEntry(ref=e.ref, kind=e.kind, text=e.text) for e in result.entries],
+            complete=result.complete,
+            next_cursor=result.next_cursor,
+            warning=result.warning,
+            package_version=bound.package_version,
+        )
+        if result.image is not None:
+            response.image.media_type = result.image.media_type
+            response.image.data = result.image.data
+        return response

@@ -22,7 +22,6 @@ from continuum.transcript.v1 import transcript_service_pb2 as tapi
 from continuum_handoff_read.definition import TOOL_NAME
 from continuum_handoff_read.reference import entry_tokens
 
-UNIMPLEMENTED = (grpc.StatusCode.UNIMPLEMENTED, "HANDOFF_READING_UNIMPLEMENTED")
 NOT_BOUND = (grpc.StatusCode.FAILED_PRECONDITION, "HANDOFF_NOT_BOUND")
 DAMAGED = (grpc.StatusCode.FAILED_PRECONDITION, "HANDOFF_PACKAGE_DAMAGED")
 
@@ -53,10 +52,12 @@ async def test_a_run_of_the_merged_session_is_bound_and_every_other_run_is_refus
         "MERGE_PERMISSION_DENIED",
     )
 
-    # The merged session's run is bound: the binding verified, the reading itself is not wired yet.
+    # The merged session's run is bound: the package's directory is read (both sources listed).
     await stack.run(stack.target, "run-merged")
-    details, _ = await refused(stack.execute("run-merged"), *UNIMPLEMENTED)
-    assert "binding verified" in details.message
+    listed = await stack.execute("run-merged")
+    assert listed.package_version
+    assert {entry.kind for entry in listed.entries} >= {"source"}
+    assert len([entry for entry in listed.entries if entry.kind == "source"]) == 2
 
     # An ordinary session's run: no binding.
     await stack.run("a", "run-ordinary")
@@ -121,7 +122,7 @@ async def test_a_damaged_package_or_a_deleted_target_is_refused_before_anything_
     # A brief that no longer matches ready.json: the entry is refused, not built from it.
     ready.unlink()
     ready.write_bytes(original)
-    await refused(stack.execute("run-merged"), *UNIMPLEMENTED)
+    assert (await stack.execute("run-merged")).entries
     brief = stack.package_dir / "handoff" / "brief.json"
     brief.write_bytes(brief.read_bytes().replace(b"{", b"{ ", 1))
     await refused(stack.reference(), *DAMAGED)

@@ -37,8 +37,6 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """UNAVAILABLE: transcript could not be reached; the call may be retried."""
     MERGE_UNAVAILABLE: _ErrorReason.ValueType  # 6
     """UNAVAILABLE: merge could not be reached; the call may be retried."""
-    HANDOFF_READING_UNIMPLEMENTED: _ErrorReason.ValueType  # 7
-    """UNIMPLEMENTED: this build verifies the binding but does not read packages yet."""
     HANDOFF_NOT_BOUND: _ErrorReason.ValueType  # 10
     """FAILED_PRECONDITION: the run's root session is not a completed protocol-2 merge target that
     still exists (an ordinary session, a run that ended, a merge not completed).
@@ -81,8 +79,6 @@ TRANSCRIPT_UNAVAILABLE: ErrorReason.ValueType  # 5
 """UNAVAILABLE: transcript could not be reached; the call may be retried."""
 MERGE_UNAVAILABLE: ErrorReason.ValueType  # 6
 """UNAVAILABLE: merge could not be reached; the call may be retried."""
-HANDOFF_READING_UNIMPLEMENTED: ErrorReason.ValueType  # 7
-"""UNIMPLEMENTED: this build verifies the binding but does not read packages yet."""
 HANDOFF_NOT_BOUND: ErrorReason.ValueType  # 10
 """FAILED_PRECONDITION: the run's root session is not a completed protocol-2 merge target that
 still exists (an ordinary session, a run that ended, a merge not completed).

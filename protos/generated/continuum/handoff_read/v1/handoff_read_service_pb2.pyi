@@ -185,6 +185,7 @@ class ExecuteHandoffReadResponse(_message.Message):
     NEXT_CURSOR_FIELD_NUMBER: _builtins.int
     WARNING_FIELD_NUMBER: _builtins.int
     PACKAGE_VERSION_FIELD_NUMBER: _builtins.int
+    IMAGE_FIELD_NUMBER: _builtins.int
     complete: _builtins.bool
     """True only when every candidate was scanned or listed; false means "not on this page"."""
     next_cursor: _builtins.str
@@ -195,6 +196,12 @@ class ExecuteHandoffReadResponse(_message.Message):
     """The package version the answer was read from."""
     @_builtins.property
     def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___HandoffReadEntry]: ...
+    @_builtins.property
+    def image(self) -> Global___HandoffReadImage:
+        """An image asset's original (action asset), checked against its registered hash, for the runtime's
+        image budget; absent otherwise. At most 1,125,000 bytes.
+        """
+
     def __init__(
         self,
         *,
@@ -203,11 +210,36 @@ class ExecuteHandoffReadResponse(_message.Message):
         next_cursor: _builtins.str = ...,
         warning: _builtins.str = ...,
         package_version: _builtins.str = ...,
+        image: Global___HandoffReadImage | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["image", b"image"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["complete", b"complete", "entries", b"entries", "next_cursor", b"next_cursor", "package_version", b"package_version", "warning", b"warning"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["complete", b"complete", "entries", b"entries", "image", b"image", "next_cursor", b"next_cursor", "package_version", b"package_version", "warning", b"warning"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ExecuteHandoffReadResponse: _TypeAlias = ExecuteHandoffReadResponse  # noqa: Y015
+
+@_typing.final
+class HandoffReadImage(_message.Message):
+    """An image asset's original bytes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MEDIA_TYPE_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    media_type: _builtins.str
+    data: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        media_type: _builtins.str = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "media_type", b"media_type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HandoffReadImage: _TypeAlias = HandoffReadImage  # noqa: Y015
