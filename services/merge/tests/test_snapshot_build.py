@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from google.protobuf import struct_pb2
 from snapshot_testing import Sources, message_refs, record_texts, rows, running_sources, text_message
+from sqlalchemy import text
 
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum_merge.snapshot import (
@@ -22,6 +23,7 @@ from continuum_merge.snapshot import (
     verify_snapshot,
 )
 from continuum_merge.snapshot.records import canonical, sha256_hex
+from continuum_runtime.database import Database
 
 USER = tpb.MESSAGE_ROLE_USER
 ASSISTANT = tpb.MESSAGE_ROLE_ASSISTANT
@@ -326,3 +328,36 @@ async def test_a_blocked_record_of_an_earlier_package_stays_blocked(tmp_path: Pa
     assert (second / "snapshot" / "raw" / f"{blocked}.json").read_bytes() == (
         first / "snapshot" / "raw" / f"{blocked}.json"
     ).read_bytes()
+
+
+async def test_a_saved_message_this_merge_cannot_read_is_kept_raw_and_blocks(tmp_path: Path, database_url: str) -> None:
+    """Seed 000 §4.2: saved but unreadable is blocking. A row a newer transcript wrote (a role this build
+    does not know) is sealed with its raw record, marked blocked, and named in blockingRecordRefs; its
+    neighbours are ordinary records."""
+    async with running_sources(tmp_path, database_url) as sources:
+        await sources.session("a")
+        first, odd, last = await sources.append(
+            "a", text_message(USER, "before"), text_message(ASSISTANT, "from the future"), text_message(USER, "after")
+        )
+        settings = sources.client.settings
+        database = Database(settings.resolved_database_url("transcript"), schema="transcript")
+        try:
+            async with database.transaction() as connection:
+                await connection.execute(text("UPDATE messages SET role = 99 WHERE message_id = :id"), {"id": odd})
+        finally:
+            await database.dispose()
+        cuts = await sources.cuts("a")
+        package = tmp_path / "packages" / "op-1"
+        sealed = await build_snapshot(sources.reader, cuts, package, version=1, disk_reserve_bytes=0)
+
+    refs = message_refs(package, "a")
+    assert sealed.blocking_record_refs == (refs[odd],)
+    assert verify_snapshot(package).blocking_record_refs == (refs[odd],)
+    policies = {row["recordRef"]: row["processingPolicy"] for row in rows(package, "records.jsonl")}
+    assert policies[refs[odd]] == "blocked"
+    assert policies[refs[first]] == policies[refs[last]] == "extract"
+    raw = json.loads((package / "snapshot" / "raw" / f"{refs[odd]}.json").read_bytes())
+    assert raw["message"]["role"] == "99"
+    assert raw["message"]["content"] == [{"text": "from the future"}]
+    assert "role 99 is unknown" in raw["unreadable"]
+    assert b"from the future" not in b"".join(record_texts(package, refs[odd]))

@@ -45,7 +45,14 @@ from continuum_merge.snapshot.layout import (
     raw_path,
 )
 from continuum_merge.snapshot.reader import AttachmentUnreadable, SourceReader
-from continuum_merge.snapshot.records import PreparedRecord, canonical, prepare_message, prepare_session, sha256_hex
+from continuum_merge.snapshot.records import (
+    BLOCKED,
+    PreparedRecord,
+    canonical,
+    prepare_message,
+    prepare_session,
+    sha256_hex,
+)
 from continuum_merge.snapshot.verify import iter_jsonl, verify_snapshot
 from continuum_merge.snapshot.writer import (
     PackageWriter,
@@ -286,6 +293,8 @@ def _write_page(
             else:
                 rows.append({**row, "part": index})
         batch.append((record, rows))
+        if record.processing_policy == BLOCKED:
+            writer.blocking.append(record.record_ref)
     writer.add_records(batch)
 
 
@@ -313,7 +322,7 @@ def _import_prior(writer: PackageWriter, package_dir: Path, operation_id: str, s
             writer.occurrence({"recordRef": ref, "sessionId": session_id, "viaOperationId": operation_id})
             continue
         _import_record(writer, prior, record, rows)
-        if record["processingPolicy"] == "blocked":
+        if record["processingPolicy"] == BLOCKED:
             writer.blocking.append(ref)
     for name in (OCCURRENCES, GAPS):
         for row in iter_jsonl(prior / name):

@@ -30,6 +30,9 @@ MESSAGE = "message"
 SESSION = "session"
 EXTRACT = "extract"
 REFERENCE = "reference"
+# Saved but not readable by this merge (seed 000 §4.2): the raw record is kept, nothing of it reaches a
+# model, and the merge pauses RECORD_REQUIRES_HANDLING once the snapshot is sealed.
+BLOCKED = "blocked"
 
 
 def canonical(value: object) -> bytes:
@@ -68,18 +71,42 @@ def _struct(value: Any) -> dict[str, Any]:
 def _content(message: tpb.Message) -> list[dict[str, Any]]:
     parts: list[dict[str, Any]] = []
     for part in message.content:
-        if part.WhichOneof("part") == "attachment":
+        kind = part.WhichOneof("part")
+        if kind == "attachment":
             attachment = part.attachment
             parts.append({"attachment": {"attachmentId": attachment.attachment_id, "mediaType": attachment.media_type}})
-        else:
+        elif kind == "text":
             parts.append({"text": part.text})
+        else:
+            parts.append({"unknown": True})
     return parts
 
 
+def unreadable(message: tpb.Message) -> str:
+    """Why this merge cannot read a saved message ("" when it can): a role or status it does not know
+    (a newer transcript's), or a content part that is neither text nor an attachment."""
+    if message.role not in _ROLES:
+        return f"role {message.role} is unknown"
+    if message.status not in tpb.MessageStatus.values():
+        return f"status {message.status} is unknown"
+    if any(part.WhichOneof("part") is None for part in message.content):
+        return "a content part is neither text nor an attachment"
+    return ""
+
+
+_ROLES = frozenset(tpb.MessageRole.values()) - {tpb.MESSAGE_ROLE_UNSPECIFIED}
+
+
+def _enum_name(enum: Any, number: int, prefix: str) -> str:
+    """The value's name without its prefix, or its number for a value this build does not know."""
+    return enum.Name(number).removeprefix(prefix) if number in enum.values() else str(number)
+
+
 def prepare_message(message: tpb.Message, root_session_id: str) -> PreparedRecord:
-    """A transcript message as a record: identity (session, message id) and version from its content."""
-    role = tpb.MessageRole.Name(message.role).removeprefix("MESSAGE_ROLE_")
-    status = tpb.MessageStatus.Name(message.status).removeprefix("MESSAGE_STATUS_")
+    """A transcript message as a record: identity (session, message id) and version from its content.
+    A message this merge cannot read is kept whole in its raw record and marked BLOCKED."""
+    role = _enum_name(tpb.MessageRole, message.role, "MESSAGE_ROLE_")
+    status = _enum_name(tpb.MessageStatus, message.status, "MESSAGE_STATUS_")
     metadata = _struct(message.metadata)
     content = _content(message)
     tool_calls = [
@@ -106,6 +133,11 @@ def prepare_message(message: tpb.Message, root_session_id: str) -> PreparedRecor
         "createdAt": created_at,
         "message": {**said, "metadata": metadata, "resultTruncated": message.result_truncated},
     }
+    why = unreadable(message)
+    if why:
+        raw["unreadable"] = why
+        text = f"[{role} message {message.message_id} of session {message.session_id}, not readable: {why}]\n"
+        return PreparedRecord(ref, origin, role, created_at, BLOCKED, canonical(raw), text.encode())
     text = _message_text(message.message_id, message.session_id, role, status, content, tool_calls, metadata)
     return PreparedRecord(ref, origin, role, created_at, EXTRACT, canonical(raw), text.encode())
 
