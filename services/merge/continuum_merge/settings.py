@@ -31,7 +31,8 @@ class MergeSettings(ServiceSettings):
 
     # Root of the package tree (`<package_root>/<operation id>/`). Empty: `<data_dir>/merge-packages`.
     package_root: Path | None = None
-    # Free disk space the snapshot copy leaves untouched; running short pauses with DISK_RESERVE.
+    # Free disk space the snapshot copy and the extraction's writes leave untouched; running short (or a
+    # write failing for space or quota) pauses with DISK_RESERVE.
     disk_reserve_bytes: int = Field(default=1024**3, ge=0)
 
     # Lease of the MERGE claims on the source trees until the snapshot is sealed: a merge process that

@@ -7,13 +7,15 @@ only the sealed package and ask the configured model provider (offline by defaul
 
 Every failure of those packages leaves here as a `StageStop` naming a MergeErrorCode and what the worker
 does about it: retry later by itself (transcript or the provider unreachable), pause until the user
-resumes (disk short, a busy or changed source, a record to handle, a model that keeps refusing, a package
-that no longer matches its hashes: it is never rebuilt from sources that changed), or fail (a source is gone).
+resumes (disk short, a busy or changed source, a record or an attachment to handle, a model that keeps
+refusing, a package that no longer matches its hashes: it is never rebuilt from sources that changed), or
+fail (a source is gone).
 """
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -22,9 +24,11 @@ import grpc
 from continuum_merge.admission import TreeCut
 from continuum_merge.extraction import (
     AnswerInvalid,
+    AttachmentUnreadable,
     ExtractionSettings,
     HandoffDamaged,
     PackageUnreadable,
+    StorageShort,
     UnitSpec,
     UnitTooLarge,
     aggregate,
@@ -119,7 +123,21 @@ def model_stop(error: Exception) -> StageStop:
         return StageStop("PROVIDER_UNAVAILABLE", what + "; resume when it is fixed", "paused")
     if isinstance(error, (PackageUnreadable, HandoffDamaged)):
         return _damaged(str(error))
+    if isinstance(error, StorageShort):
+        # Resumable once space is freed; the units committed so far stay.
+        return StageStop("DISK_RESERVE", str(error), "paused")
+    if isinstance(error, AttachmentUnreadable):
+        # The sealed package is never edited: the user describes the attachment in the source and merges
+        # again; originals and completed units stay meanwhile.
+        return StageStop("RECORD_REQUIRES_HANDLING", str(error), "paused")
     raise error
+
+
+def check_reserve(package_dir: Path, reserve_bytes: int) -> None:
+    """StorageShort when the package's filesystem has less free space than the reserve, before a write."""
+    free = shutil.disk_usage(package_dir).free
+    if free < reserve_bytes:
+        raise StorageShort(package_dir.name, f"{free} bytes free, below the reserve of {reserve_bytes} bytes")
 
 
 class MergeStages:
@@ -206,6 +224,7 @@ class MergeStages:
         except ValueError as error:
             raise _damaged(str(error)) from error
         try:
+            await asyncio.to_thread(check_reserve, package_dir, self._reserve)
             outcome = await run_unit(
                 spec,
                 package_dir,
@@ -217,7 +236,7 @@ class MergeStages:
             )
         except SHRINKABLE as error:
             raise await self._split(package_dir, spec, model, error) from error
-        except (ProviderError, PackageUnreadable) as error:
+        except (ProviderError, PackageUnreadable, StorageShort, AttachmentUnreadable) as error:
             raise model_stop(error) from error
         usage = outcome.usage
         return UnitDone(
@@ -247,6 +266,7 @@ class MergeStages:
     async def aggregate(self, package_dir: Path, results: Sequence[Path], model: str) -> str:
         """Build the handoff from the units' results; the hash of its ready.json."""
         try:
+            await asyncio.to_thread(check_reserve, package_dir, self._reserve)
             ready = await aggregate(
                 package_dir,
                 results,
@@ -257,7 +277,7 @@ class MergeStages:
                 policy=self._policy,
                 on_call=self._on_call,
             )
-        except (AnswerInvalid, ProviderError, PackageUnreadable, HandoffDamaged) as error:
+        except (AnswerInvalid, ProviderError, PackageUnreadable, HandoffDamaged, StorageShort) as error:
             raise model_stop(error) from error
         return ready.handoff_hash
 

@@ -22,6 +22,7 @@ does not fit (or stays invalid) is bisected like a unit, down to a pack of one i
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import json
 import os
@@ -33,10 +34,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from continuum_merge.extraction.budget import CallPolicy
-from continuum_merge.extraction.errors import HandoffDamaged, PackageUnreadable
+from continuum_merge.extraction.errors import HandoffDamaged, PackageUnreadable, StorageShort
 from continuum_merge.extraction.package import (
     HANDOFF_DIR,
     SNAPSHOT_DIR,
+    STORAGE_ERRNOS,
     WORK_DIR,
     file_sha256,
     fsync_dir,
@@ -98,9 +100,40 @@ async def aggregate(
     repair each; a second invalid answer raises AnswerInvalid. Provider failures propagate. File work
     runs in threads; `verify_handoff` does not (call it in one). `on_call` hears of every condensing
     call with its usage (packs answered by an earlier run are reused without a call). Calls are made
-    under `policy` (per-call timeout, attempts and backoff).
+    under `policy` (per-call timeout, attempts and backoff). Out of storage, the staging directory is
+    removed (condensed packs already saved stay) and StorageShort raised.
     """
-    budget = budget or UnitBudget()
+    try:
+        return await _aggregate(
+            package_dir,
+            unit_results,
+            provider,
+            model=model,
+            budget=budget or UnitBudget(),
+            brief_tokens=brief_tokens,
+            policy=policy or CallPolicy(),
+            on_call=on_call,
+        )
+    except (OSError, StorageShort) as exc:
+        if isinstance(exc, OSError) and exc.errno not in STORAGE_ERRNOS:
+            raise
+        await asyncio.to_thread(shutil.rmtree, package_dir / _STAGING, ignore_errors=True)
+        if isinstance(exc, StorageShort):
+            raise
+        raise StorageShort(_STAGING, errno.errorcode.get(exc.errno or 0, str(exc.errno))) from exc
+
+
+async def _aggregate(
+    package_dir: Path,
+    unit_results: Sequence[Path],
+    provider: ModelProvider,
+    *,
+    model: str,
+    budget: UnitBudget,
+    brief_tokens: int,
+    policy: CallPolicy,
+    on_call: CallHook | None,
+) -> HandoffReady:
     snapshot_hash, processor_version, counts = await asyncio.to_thread(_prepare, package_dir, unit_results)
     staging = package_dir / _STAGING
     layer: Path | None = None
@@ -113,7 +146,7 @@ async def aggregate(
         tokens, dropped = await _condense(
             _layer_entries(staging, layer),
             target,
-            _Asker(provider, budget, package_dir, policy or CallPolicy(), on_call),
+            _Asker(provider, budget, package_dir, policy, on_call),
             f"{snapshot_hash}:L{layer_count + 1}",
         )
         if tokens >= layer_tokens:

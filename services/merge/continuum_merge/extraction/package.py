@@ -12,7 +12,7 @@ snapshot, in the layout of issue 9 and seed 000 §4.2:
 - ``files.jsonl``: one file per line, each record's files together and in records.jsonl's order:
   ``{"ref", "recordRef", "part", "path", "bytes", "sha256", "kind"}``; ``kind == "text"`` rows are
   UTF-8 parts (``text/<recordRef>-<part>.txt``) in part order; others (``raw``, ``asset``; no part
-  number) are originals never sent to a model.
+  number) are originals never sent to a model; an ``asset`` row also names its ``mediaType``.
 
 Every path comes from a manifest, is checked to stay inside the snapshot (relative, no ``..``, no
 symlink) and every byte read is checked against the recorded size and sha256.
@@ -20,6 +20,7 @@ symlink) and every byte read is checked against the recorded size and sha256.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -29,11 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from continuum_merge.extraction.errors import PackageUnreadable
+from continuum_merge.extraction.errors import PackageUnreadable, StorageShort
 
 __all__ = [
     "HANDOFF_DIR",
     "SNAPSHOT_DIR",
+    "STORAGE_ERRNOS",
     "WORK_DIR",
     "FileRow",
     "RecordRow",
@@ -55,6 +57,9 @@ _HASH = re.compile(r"[0-9a-f]{64}")
 # One path segment as the program names files: no separators, no leading dot.
 _SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,199}")
 _CHUNK = 1 << 20
+# A write failing with one of these is short of storage (disk full, quota, file size limit), not a bug:
+# the operation pauses until space is freed.
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,8 @@ class FileRow:
     size: int
     sha256: str
     kind: str
+    # An asset's media type as transcript recorded it ("" for raw and text rows).
+    media_type: str = ""
 
 
 def snapshot_identity(package_dir: Path) -> str:
@@ -143,8 +150,8 @@ def iter_files(package_dir: Path, start: int = 0) -> Iterator[tuple[int, FileRow
     """files.jsonl of the sealed snapshot from byte `start` on, with each line's offset; paths checked."""
     path = package_dir / SNAPSHOT_DIR / "files.jsonl"
     for offset, row in iter_jsonl(path, start):
-        ref, record_ref, part, relative, size, sha256, kind = (
-            row.get(key) for key in ("ref", "recordRef", "part", "path", "bytes", "sha256", "kind")
+        ref, record_ref, part, relative, size, sha256, kind, media_type = (
+            row.get(key) for key in ("ref", "recordRef", "part", "path", "bytes", "sha256", "kind", "mediaType")
         )
         if not (
             isinstance(ref, str)
@@ -159,9 +166,10 @@ def iter_files(package_dir: Path, start: int = 0) -> Iterator[tuple[int, FileRow
             and isinstance(sha256, str)
             and _HASH.fullmatch(sha256)
             and isinstance(kind, str)
+            and isinstance(media_type, str | None)
         ):
             raise PackageUnreadable(f"files.jsonl row at byte {offset} is incomplete or names an unsafe path")
-        yield offset, FileRow(ref, record_ref, part or 0, relative, size, sha256, kind)
+        yield offset, FileRow(ref, record_ref, part or 0, relative, size, sha256, kind, media_type or "")
 
 
 def read_text_part(package_dir: Path, relative: str, *, size: int, sha256: str) -> str:
@@ -198,13 +206,20 @@ def write_atomic(path: Path, data: bytes) -> str:
     """Write `data` to `path` through a temporary file, fsync and rename; returns its sha256.
 
     A reader sees the old file or the whole new one, never a part; a crash leaves at most a ``.tmp``.
+    Out of storage (`STORAGE_ERRNOS`) the temporary file is removed and StorageShort raised.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
-    with temporary.open("wb") as stream:
-        stream.write(data)
-        stream.flush()
-        os.fsync(stream.fileno())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with temporary.open("wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+    except OSError as exc:
+        if exc.errno not in STORAGE_ERRNOS:
+            raise
+        temporary.unlink(missing_ok=True)
+        raise StorageShort(f"{path.parent.name}/{path.name}", errno.errorcode[exc.errno]) from exc
     os.replace(temporary, path)
     fsync_dir(path.parent)
     return hashlib.sha256(data).hexdigest()

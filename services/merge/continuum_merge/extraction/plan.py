@@ -123,12 +123,22 @@ class UnitSpec:
     last_ref: str
     # A split of a single part: the code points [start, end) of its text this unit reads; None: all of it.
     slice: tuple[int, int] | None = None
+    # Byte offset in files.jsonl of the first row (the raw JSON) of the record of the unit's first part:
+    # where every file row of the unit's records, attachments included, is listed from.
+    record_files_offset: int | None = None
+
+    @property
+    def rows_offset(self) -> int:
+        """Where the files.jsonl rows of the unit's records start (its first part's record's raw row)."""
+        return self.files_offset if self.record_files_offset is None else self.record_files_offset
 
     def input_json(self) -> str:
         """The bounded description stored with the unit row (no text, no part list): with the unit id
         and ordinal, everything `from_stored` needs to rebuild this spec.
         """
         stored: dict[str, object] = {"slice": list(self.slice)} if self.slice is not None else {}
+        if self.record_files_offset is not None:
+            stored["recordFilesOffset"] = self.record_files_offset
         return json.dumps(
             stored
             | {
@@ -165,10 +175,11 @@ class UnitSpec:
                 first_ref=stored["firstRef"],
                 last_ref=stored["lastRef"],
                 slice=_stored_slice(stored.get("slice")),
+                record_files_offset=stored.get("recordFilesOffset"),
             )
         except (ValueError, TypeError, KeyError) as exc:
             raise ValueError(f"unit {unit_id} has a malformed stored input") from exc
-        numbers = (spec.files_offset, spec.records_offset, spec.context_count, spec.part_count)
+        numbers = (spec.files_offset, spec.records_offset, spec.context_count, spec.part_count, spec.rows_offset)
         texts = (spec.stage, spec.snapshot_hash, spec.processor_version, spec.input_hash, spec.first_ref, spec.last_ref)
         if not all(isinstance(n, int) and n >= 0 for n in numbers) or not all(isinstance(t, str) for t in texts):
             raise ValueError(f"unit {unit_id} has a malformed stored input")
@@ -194,6 +205,8 @@ class _Located:
     files_offset: int
     records_offset: int
     part: PartSpec
+    # files.jsonl offset of the part's record's first row (its raw JSON).
+    record_files_offset: int
 
 
 def plan_units(package_dir: Path, *, processor_version: str, budget: UnitBudget) -> list[UnitSpec]:
@@ -295,7 +308,7 @@ def _scan(package_dir: Path, spec: UnitSpec) -> list[_Located]:
         raise PackageUnreadable(f"unit {spec.unit_id} was planned over another snapshot than the one sealed here")
     wanted = spec.context_count + spec.part_count
     parts: list[_Located] = []
-    for located in _extractable(package_dir, spec.files_offset, spec.records_offset):
+    for located in _extractable(package_dir, spec.files_offset, spec.records_offset, spec.rows_offset):
         parts.append(located)
         if len(parts) == wanted:
             break
@@ -304,17 +317,29 @@ def _scan(package_dir: Path, spec: UnitSpec) -> list[_Located]:
     return parts
 
 
-def _extractable(package_dir: Path, files_start: int = 0, records_start: int = 0) -> Iterator[_Located]:
+def _extractable(
+    package_dir: Path, files_start: int = 0, records_start: int = 0, first_rows_at: int | None = None
+) -> Iterator[_Located]:
     """The text parts of records to extract, joined with their records, in files.jsonl order.
 
-    files.jsonl lists a record's parts together and in records.jsonl's order, so both files are read
-    once, side by side; a part naming a record not ahead in records.jsonl means a damaged manifest.
+    files.jsonl lists a record's rows together (raw JSON first) and in records.jsonl's order, so both
+    files are read once, side by side; a part naming a record not ahead in records.jsonl means a
+    damaged manifest. `first_rows_at`: where the rows of the first part's record start, when reading
+    from the middle of a record.
     """
     records = iter_records(package_dir, records_start)
     record: tuple[int, RecordRow] | None = None
+    rows_at: tuple[str | None, int] = (None, files_start if first_rows_at is None else first_rows_at)
     for files_offset, row in iter_files(package_dir, files_start):
+        if row.kind == "raw":
+            rows_at = (row.record_ref, files_offset)
         if row.kind != "text":
             continue
+        if rows_at[0] is None:
+            rows_at = (row.record_ref, rows_at[1])
+        elif rows_at[0] != row.record_ref:
+            # A record without a raw row (not written by this package's snapshot): its first text row.
+            rows_at = (row.record_ref, files_offset)
         while record is None or record[1].record_ref != row.record_ref:
             record = next(records, None)
             if record is None:
@@ -334,7 +359,7 @@ def _extractable(package_dir: Path, files_start: int = 0, records_start: int = 0
             session_id=owner.session_id,
             role=owner.role,
         )
-        yield _Located(files_offset, records_offset, part)
+        yield _Located(files_offset, records_offset, part, rows_at[1])
 
 
 def _carried_call(current: list[_Located], incoming: _Located, cost: int, budget: UnitBudget) -> list[_Located]:
@@ -408,6 +433,7 @@ def _unit(
         first_ref=own[0].part.ref,
         last_ref=own[-1].part.ref,
         slice=bounds,
+        record_files_offset=first.record_files_offset,
     )
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from continuum_merge.extraction.attachments import check_attachments
 from continuum_merge.extraction.budget import CallPolicy
 from continuum_merge.extraction.errors import AnswerInvalid, PackageUnreadable, UnitTooLarge
 from continuum_merge.extraction.package import WORK_DIR, file_sha256, read_text_part, write_atomic
@@ -101,12 +102,15 @@ async def run_unit(
     that fails the checks gets one repair request naming the problem; a second failure raises
     AnswerInvalid. UnitTooLarge (byte guards), `ProviderInputTooLarge` and `ProviderOutputTruncated` mean
     the unit must be split (`split_unit`); other `ProviderError`s propagate as they are; a damaged
-    snapshot raises PackageUnreadable. Nothing is written unless the answer is accepted. `on_call`
-    hears of every answered call, also those of a unit that then fails (their usage still counts).
-    Each call is made under `policy` (`complete_patiently`).
+    snapshot raises PackageUnreadable; a user message of unreadable attachments only raises
+    AttachmentUnreadable (before any call); no room to write the result raises StorageShort. Nothing
+    is written unless the answer is accepted. `on_call` hears of every answered call, also those of a
+    unit that then fails (their usage still counts). Each call is made under `policy`
+    (`complete_patiently`).
     """
     budget = budget or UnitBudget()
     context, own = await asyncio.to_thread(scan_unit, package_dir, spec)
+    await asyncio.to_thread(check_attachments, package_dir, spec.rows_offset, own)
     inputs, by_alias = await asyncio.to_thread(_inputs, package_dir, context, own, spec.slice)
     items, completion, calls = await ask_items(
         provider,
