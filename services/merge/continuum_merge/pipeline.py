@@ -7,7 +7,7 @@ directory (and, for the snapshot, its sources) and says how a stage stopped with
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -85,8 +85,9 @@ class Pipeline(Protocol):
         """Run one unit and rename its result into place (`SplitNeeded` when it must be split)."""
         ...
 
-    async def aggregate(self, package_dir: Path, results: Sequence[Path], model: str) -> str:
-        """Build the handoff from the units' results; the hash of its ready.json."""
+    async def aggregate(self, package_dir: Path, results: AsyncIterable[Path], model: str) -> str:
+        """Build the handoff from the units' results (in plan order, read as they come); the hash of its
+        ready.json."""
         ...
 
     async def verify_handoff(self, package_dir: Path) -> str:

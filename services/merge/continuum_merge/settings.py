@@ -49,6 +49,8 @@ class MergeSettings(ServiceSettings):
     worker_poll_seconds: float = Field(default=2.0, gt=0)
     # Operations one replica works on at once.
     max_concurrent_runs: int = Field(default=4, ge=1, le=64)
+    # Unit rows a run reads at once (each row is small and bounded: ids, hashes, a short input description).
+    unit_page_size: int = Field(default=256, ge=1, le=4096)
     # A run stopped by a transient failure (transcript or the provider unreachable) retries after this long.
     retry_seconds: float = Field(default=30.0, gt=0)
     # Recovery tests only: the named point (see `worker`) at which the process kills itself.

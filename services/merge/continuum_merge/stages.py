@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterable, Callable, Sequence
 from pathlib import Path
 
 import grpc
@@ -263,8 +263,8 @@ class MergeStages:
             ]
         )
 
-    async def aggregate(self, package_dir: Path, results: Sequence[Path], model: str) -> str:
-        """Build the handoff from the units' results; the hash of its ready.json."""
+    async def aggregate(self, package_dir: Path, results: AsyncIterable[Path], model: str) -> str:
+        """Build the handoff from the units' results (in plan order); the hash of its ready.json."""
         try:
             await asyncio.to_thread(check_reserve, package_dir, self._reserve)
             ready = await aggregate(

@@ -12,7 +12,7 @@ import asyncio
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,10 +99,10 @@ class ScriptedPipeline:
         digest = _write(package_dir / relative, json.dumps({"unit": unit.unit_id, "model": model}).encode())
         return UnitDone(relative, digest, model, 10, None)
 
-    async def aggregate(self, package_dir: Path, results: Sequence[Path], model: str) -> str:
+    async def aggregate(self, package_dir: Path, results: AsyncIterable[Path], model: str) -> str:
         self.calls["aggregate"] += 1
         self._maybe_stop("aggregate")
-        listed = {path.name: _hash(path) for path in results}
+        listed = {path.name: _hash(path) async for path in results}
         return _write(package_dir / "handoff" / "ready.json", json.dumps(listed, sort_keys=True).encode())
 
     async def verify_handoff(self, package_dir: Path) -> str:
