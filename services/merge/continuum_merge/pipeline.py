@@ -7,7 +7,7 @@ directory (and, for the snapshot, its sources) and says how a stage stopped with
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -77,8 +77,9 @@ class Pipeline(Protocol):
         """Check a recorded seal against its package."""
         ...
 
-    async def plan(self, package_dir: Path, model: str) -> list[NewUnit]:
-        """The extraction units of the sealed snapshot (deterministic ids)."""
+    def plan(self, package_dir: Path, model: str) -> AsyncIterator[Sequence[NewUnit]]:
+        """The extraction units of the sealed snapshot (deterministic ids), in plan order, in batches of a
+        bounded size (each inserted in its own transaction)."""
         ...
 
     async def run_unit(self, package_dir: Path, unit: Unit, model: str) -> UnitDone:

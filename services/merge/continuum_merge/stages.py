@@ -15,8 +15,9 @@ fail (a source is gone).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import shutil
-from collections.abc import AsyncIterable, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 
 import grpc
@@ -66,6 +67,8 @@ from continuum_runtime.provider import (
 # Recorded with every unit: results of another processor are never reused for this one's units.
 PROCESSOR_VERSION = "merge-extract-1"
 STAGE = "extracting"
+# Planned units handed to the worker at once (each becomes a row of a few hundred bytes).
+PLAN_BATCH_UNITS = 256
 
 
 def _sealed(snapshot: SealedSnapshot) -> Sealed:
@@ -131,6 +134,14 @@ def model_stop(error: Exception) -> StageStop:
         # again; originals and completed units stay meanwhile.
         return StageStop("RECORD_REQUIRES_HANDLING", str(error), "paused")
     raise error
+
+
+def _next_batch(specs: Iterator[UnitSpec]) -> list[UnitSpec]:
+    """The next `PLAN_BATCH_UNITS` planned units (fewer at the end, none after it)."""
+    try:
+        return list(itertools.islice(specs, PLAN_BATCH_UNITS))
+    except PackageUnreadable as error:
+        raise _damaged(str(error)) from error
 
 
 def check_reserve(package_dir: Path, reserve_bytes: int) -> None:
@@ -199,18 +210,15 @@ class MergeStages:
         except PackageDamaged as error:
             raise _damaged(str(error)) from error
 
-    async def plan(self, package_dir: Path, model: str) -> list[NewUnit]:
-        """The extraction units of the sealed snapshot, as rows to insert."""
-        try:
-            specs = await asyncio.to_thread(
-                plan_units, package_dir, processor_version=PROCESSOR_VERSION, budget=self._budget
-            )
-        except PackageUnreadable as error:
-            raise _damaged(str(error)) from error
-        return [
-            NewUnit(spec.unit_id, STAGE, spec.ordinal, spec.input_hash, spec.input_json(), PROCESSOR_VERSION, model)
-            for spec in specs
-        ]
+    async def plan(self, package_dir: Path, model: str) -> AsyncIterator[Sequence[NewUnit]]:
+        """The extraction units of the sealed snapshot, as rows to insert, `PLAN_BATCH_UNITS` at a time
+        (the manifests are read in a thread, one batch's worth at a time)."""
+        specs = plan_units(package_dir, processor_version=PROCESSOR_VERSION, budget=self._budget)
+        while batch := await asyncio.to_thread(_next_batch, specs):
+            yield [
+                NewUnit(spec.unit_id, STAGE, spec.ordinal, spec.input_hash, spec.input_json(), PROCESSOR_VERSION, model)
+                for spec in batch
+            ]
 
     async def run_unit(self, package_dir: Path, unit: Unit, model: str) -> UnitDone:
         """Run one stored unit against the sealed snapshot it was planned over.

@@ -425,10 +425,13 @@ class OperationRun:
         protocol. A split unit's children sort right after it: the next page starts with them."""
         model = operation.execution.model
         if not operation.units_planned:
-            planned = await self._pipeline.plan(self._package, model)
+            # A batch per transaction: a crash mid-plan leaves the plan unfinished, and planning again
+            # inserts only what is missing (deterministic ids).
+            async for planned in self._pipeline.plan(self._package, model):
+                async with self._db.transaction() as connection:
+                    if not await store.insert_units(connection, self._fence, planned, self._clock.now_ms()):
+                        raise Superseded(operation.operation_id)
             async with self._db.transaction() as connection:
-                if not await store.insert_units(connection, self._fence, planned, self._clock.now_ms()):
-                    raise Superseded(operation.operation_id)
                 if not await store.finish_plan(connection, self._fence, self._clock.now_ms()):
                     raise Superseded(operation.operation_id)
         after: tuple[int, str] | None = None

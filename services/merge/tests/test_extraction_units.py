@@ -42,7 +42,7 @@ def continuation(package_dir: Path) -> Path:
 
 async def test_each_unit_writes_checked_items_whose_evidence_resolves_to_its_parts(tmp_path: Path) -> None:
     package = continuation(tmp_path)
-    units = plan_units(package, processor_version="p1", budget=BUDGET)
+    units = list(plan_units(package, processor_version="p1", budget=BUDGET))
     assert len(units) > 1
     provider = OfflineProvider()
     seen_refs: set[str] = set()
@@ -84,7 +84,7 @@ async def test_each_unit_writes_checked_items_whose_evidence_resolves_to_its_par
 
 async def test_a_rerun_of_a_unit_rewrites_the_same_result(tmp_path: Path) -> None:
     package = continuation(tmp_path)
-    unit = plan_units(package, processor_version="p1", budget=BUDGET)[0]
+    unit = next(plan_units(package, processor_version="p1", budget=BUDGET))
     first = await run_unit(unit, package, OfflineProvider(), model="", budget=BUDGET)
     (package / "work" / f"{unit.unit_id}.json.tmp").write_bytes(b"left by a crash")
     again = await run_unit(unit, package, OfflineProvider(), model="", budget=BUDGET)
@@ -94,7 +94,7 @@ async def test_a_rerun_of_a_unit_rewrites_the_same_result(tmp_path: Path) -> Non
 
 async def test_a_damaged_part_stops_the_unit_before_any_model_call(tmp_path: Path) -> None:
     package = continuation(tmp_path)
-    unit = plan_units(package, processor_version="p1", budget=BUDGET)[0]
+    unit = next(plan_units(package, processor_version="p1", budget=BUDGET))
     _, own = scan_unit(package, unit)
     (package / "snapshot" / own[0].path).write_text("Rename the response field to something else entirely.")
     with pytest.raises(PackageUnreadable, match="does not match its size or sha256"):
@@ -108,7 +108,7 @@ async def test_a_damaged_part_stops_the_unit_before_any_model_call(tmp_path: Pat
 
 async def test_a_committed_result_is_reused_only_while_its_hash_matches(tmp_path: Path) -> None:
     package = continuation(tmp_path)
-    unit = plan_units(package, processor_version="p1", budget=BUDGET)[0]
+    unit = next(plan_units(package, processor_version="p1", budget=BUDGET))
     outcome = await run_unit(unit, package, OfflineProvider(), model="", budget=BUDGET)
     assert verify_unit_result(package, outcome.relative_path, outcome.sha256) == outcome.path
     with pytest.raises(PackageUnreadable, match="not in the work directory"):
@@ -125,7 +125,7 @@ async def test_a_committed_result_is_reused_only_while_its_hash_matches(tmp_path
 
 async def test_a_unit_planned_over_another_snapshot_is_refused(tmp_path: Path) -> None:
     package = continuation(tmp_path)
-    unit = plan_units(package, processor_version="p1", budget=BUDGET)[0]
+    unit = next(plan_units(package, processor_version="p1", budget=BUDGET))
     # The same package directory sealed again with one more record: another snapshot.
     builder = SnapshotBuilder(tmp_path / "again")
     builder.add("session-a", 1, "user", "Rename the response field name to displayName. Never break old clients.")

@@ -209,12 +209,14 @@ class _Located:
     record_files_offset: int
 
 
-def plan_units(package_dir: Path, *, processor_version: str, budget: UnitBudget) -> list[UnitSpec]:
-    """The extraction units of the sealed snapshot in `package_dir`, in order; the same package, processor
-    version and budget always give the same units. Raises PackageUnreadable when the manifests are bad.
+def plan_units(package_dir: Path, *, processor_version: str, budget: UnitBudget) -> Iterator[UnitSpec]:
+    """The extraction units of the sealed snapshot in `package_dir`, in order, one at a time (the plan of
+    a long history is never held whole: what is kept between units is bounded by the budget's parts);
+    the same package, processor version and budget always give the same units. Raises PackageUnreadable
+    when the manifests are bad (possibly after some units were given).
     """
     snapshot_hash = snapshot_identity(package_dir)
-    units: list[UnitSpec] = []
+    ordinal = 0
     context: list[_Located] = []
     current: list[_Located] = []
     used = 0
@@ -223,15 +225,18 @@ def plan_units(package_dir: Path, *, processor_version: str, budget: UnitBudget)
         if cost > budget.material_tokens:
             # A part over the material budget on its own: closed off alone, in slices that each fit.
             if current:
-                units.append(_unit(len(units), snapshot_hash, processor_version, context, current))
+                yield _unit(ordinal, snapshot_hash, processor_version, context, current)
+                ordinal += 1
             for bounds in _slices(package_dir, located.part, budget):
-                units.append(_unit(len(units), snapshot_hash, processor_version, [], [located], bounds=bounds))
+                yield _unit(ordinal, snapshot_hash, processor_version, [], [located], bounds=bounds)
+                ordinal += 1
             context, current, used = [], [], 0
             continue
         if current and not _fits(used + cost, len(context) + len(current) + 1, budget):
             carried = _carried_call(current, located, cost, budget)
             own = current[: len(current) - len(carried)]
-            units.append(_unit(len(units), snapshot_hash, processor_version, context, own))
+            yield _unit(ordinal, snapshot_hash, processor_version, context, own)
+            ordinal += 1
             context, current = _overlap(own, budget), carried
             used = _tokens(context, budget) + _tokens(current, budget)
             if not _fits(used + cost, len(context) + len(current) + 1, budget):
@@ -240,8 +245,7 @@ def plan_units(package_dir: Path, *, processor_version: str, budget: UnitBudget)
         current.append(located)
         used += cost
     if current:
-        units.append(_unit(len(units), snapshot_hash, processor_version, context, current))
-    return units
+        yield _unit(ordinal, snapshot_hash, processor_version, context, current)
 
 
 def _fits(tokens: int, parts: int, budget: UnitBudget) -> bool:
