@@ -65,7 +65,8 @@ from continuum_runtime.provider import (
 )
 
 # Recorded with every unit: results of another processor are never reused for this one's units.
-PROCESSOR_VERSION = "merge-extract-1"
+# 2: slices are byte ranges with their own sha256 (1: code point ranges).
+PROCESSOR_VERSION = "merge-extract-2"
 STAGE = "extracting"
 # Planned units handed to the worker at once (each becomes a row of a few hundred bytes).
 PLAN_BATCH_UNITS = 256

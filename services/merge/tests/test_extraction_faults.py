@@ -335,14 +335,18 @@ async def test_a_single_part_too_large_is_bisected_into_slices_down_to_the_floor
     ]
     sealed = (package / "snapshot" / "text" / f"{evidence[0]['recordRef']}-0.txt").read_text(encoding="utf-8")
     assert long_text in sealed
-    # The slices are contiguous and cover the whole part (code points); each request carried only its slice.
-    assert slices[0][0] == 0 and slices[-1][1] == len(sealed)
-    assert all(left[1] == right[0] for left, right in itertools.pairwise(slices))
+    # The slices are contiguous and cover the whole part (bytes cut on code points); each request carried
+    # only its slice.
+    data = sealed.encode()
+    assert slices[0]["bytes"][0] == 0 and slices[-1]["bytes"][1] == len(data)
+    assert all(left["bytes"][1] == right["bytes"][0] for left, right in itertools.pairwise(slices))
     sent = [json.loads(request.json()["messages"][1]["content"])["inputs"][0]["text"] for request in model.requests]
     # Requests: whole (refused), first half, second half (refused), its two quarters.
     assert sent[1] + sent[3] + sent[4] == sealed and sent[2] == sent[3] + sent[4]
     # Evidence ranges are UTF-16 ranges of the sealed part, matching each slice (BMP text: one unit each).
-    assert [entry["utf16"] for entry in evidence] == slices
+    assert [entry["utf16"] for entry in evidence] == [
+        [len(data[:start].decode()), len(data[:end].decode())] for start, end in (piece["bytes"] for piece in slices)
+    ]
 
 
 async def test_a_slice_at_the_floor_pauses(stack: MergeStack, model: FakeModelServer) -> None:

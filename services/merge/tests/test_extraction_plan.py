@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import tracemalloc
@@ -48,11 +49,15 @@ def test_every_extractable_part_is_in_exactly_one_unit_in_snapshot_order(tmp_pat
     sliced = [unit for unit in units if unit.slice is not None]
     assert {unit.first_ref for unit in sliced} == {ref for ref in expected if ref.startswith(f"r_{record}:")}
     for ref, group in itertools.groupby(sliced, key=lambda unit: unit.first_ref):
-        bounds = [unit.slice or (-1, -1) for unit in group]
-        text = _text(package, next(row for row in files if row["ref"] == ref))
-        assert bounds[0][0] == 0 and bounds[-1][1] == len(text)
-        assert all(left[1] == right[0] for left, right in itertools.pairwise(bounds))
-        assert all(len(text[a:b].encode()) / 4 + 32 <= SMALL.material_tokens for a, b in bounds)
+        bounds = [unit.slice for unit in group if unit.slice is not None]
+        data = _text(package, next(row for row in files if row["ref"] == ref)).encode()
+        # Byte ranges end to end, cut on code points, each with its bytes' hash and its UTF-16 start.
+        assert bounds[0].start == 0 and bounds[-1].end == len(data)
+        assert all(left.end == right.start for left, right in itertools.pairwise(bounds))
+        assert all((b.end - b.start) / 4 + 32 <= SMALL.material_tokens for b in bounds)
+        for piece in bounds:
+            assert piece.sha256 == hashlib.sha256(data[piece.start : piece.end]).hexdigest()
+            assert piece.utf16_start == len(data[: piece.start].decode().encode("utf-16-le")) // 2
     assert [unit.ordinal for unit in units] == list(range(len(units)))
     assert all(unit.stage == "extracting" and unit.part_count >= 1 for unit in units)
     # The stored input is small and, with the id and ordinal, rebuilds the unit.
@@ -158,8 +163,9 @@ def test_a_split_unit_is_covered_by_two_deterministic_halves_down_to_single_part
     # Above the floor, a single part is bisected into contiguous slices of its text, down to the floor.
     slices = split_unit(package, leaves[0], floor_tokens=0)
     assert slices is not None
-    (start, middle), (middle_again, end) = [child.slice or (-1, -1) for child in slices]
-    assert start == 0 and middle == middle_again and 0 < middle < end
+    first_slice, second_slice = [child.slice for child in slices]
+    assert first_slice is not None and second_slice is not None
+    assert first_slice.start == 0 and first_slice.end == second_slice.start < second_slice.end
     assert all(child.part_count == 1 and child.context_count == 0 for child in slices)
     assert UnitSpec.from_stored(slices[1].unit_id, slices[1].ordinal, slices[1].input_json()) == slices[1]
 

@@ -15,6 +15,7 @@ from continuum_merge.extraction import (
     plan_units,
     run_unit,
     scan_unit,
+    split_unit,
     verify_unit_result,
 )
 from continuum_merge.extraction.schema import SECTIONS, STATUSES, AnswerProblem, parse_answer
@@ -148,3 +149,35 @@ def test_an_answer_citing_unknown_aliases_is_refused_quoting_only_alias_shaped_w
         parse_answer(answer, {"i1"})
     assert "cites 2 alias(es) this request did not give: i9" in str(refused.value)
     assert "secret" not in str(refused.value)
+
+
+def bytes_read() -> int:
+    """Bytes this process has read through read() calls so far (Linux /proc/self/io `rchar`)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no rchar in /proc/self/io")
+
+
+async def test_a_slice_of_a_large_part_reads_and_checks_only_its_own_bytes(tmp_path: Path) -> None:
+    # One record of 8 MiB in a single part (a package written by another tool may hold one that large):
+    # planned as slices of about 44 KiB. Running or splitting a slice reads its bytes, not the part's.
+    builder = SnapshotBuilder(tmp_path, part_bytes=16 * 1024 * 1024)
+    builder.add("session-a", 1, "tool", "界面字段 displayName 改名;" * 300_000)
+    package = builder.seal()
+    units = list(plan_units(package, processor_version="p1", budget=UnitBudget()))
+    assert len(units) > 100 and all(unit.slice is not None for unit in units)
+    middle = units[len(units) // 2]
+    before = bytes_read()
+    outcome = await run_unit(middle, package, OfflineProvider(), model="", budget=UnitBudget())
+    halves = split_unit(package, middle, floor_tokens=256)
+    read = bytes_read() - before
+    assert outcome.item_count > 0 and halves is not None
+    assert read < 1024 * 1024, f"a slice unit read {read} bytes of an 8 MiB part"
+    # Its bytes are still checked: a change inside the slice is refused, one elsewhere is another unit's.
+    data = bytearray((package / "snapshot" / scan_unit(package, middle)[1][0].path).read_bytes())
+    assert middle.slice is not None
+    data[middle.slice.start] ^= 0x01
+    (package / "snapshot" / scan_unit(package, middle)[1][0].path).write_bytes(bytes(data))
+    with pytest.raises(PackageUnreadable, match="slice"):
+        await run_unit(middle, package, OfflineProvider(), model="", budget=UnitBudget())

@@ -43,7 +43,9 @@ __all__ = [
     "fsync_dir",
     "iter_files",
     "iter_jsonl",
+    "iter_part_chunks",
     "iter_records",
+    "read_part_range",
     "read_text_part",
     "snapshot_identity",
     "write_atomic",
@@ -191,6 +193,46 @@ def read_text_part(package_dir: Path, relative: str, *, size: int, sha256: str) 
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise PackageUnreadable(f"text part {relative} is not UTF-8") from exc
+
+
+def iter_part_chunks(package_dir: Path, relative: str, *, size: int, sha256: str) -> Iterator[bytes]:
+    """The bytes of the part at `relative`, in chunks of at most 1 MiB, checked against `size` and
+    `sha256` as they are read: PackageUnreadable after the last chunk when they do not match (a caller
+    that acted on earlier chunks must then drop what it made of them)."""
+    path = package_dir / SNAPSHOT_DIR / relative
+    digest = hashlib.sha256()
+    read = 0
+    try:
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(descriptor, "rb") as part:
+            # One byte more than recorded in all, so a grown file is noticed without reading all of it.
+            while read <= size and (chunk := part.read(min(_CHUNK, size + 1 - read))):
+                read += len(chunk)
+                digest.update(chunk)
+                yield chunk
+    except OSError as exc:
+        raise PackageUnreadable(f"text part {relative} unreadable ({type(exc).__name__})") from exc
+    if read != size or digest.hexdigest() != sha256:
+        raise PackageUnreadable(f"text part {relative} does not match its size or sha256 in files.jsonl")
+
+
+def read_part_range(package_dir: Path, relative: str, *, start: int, end: int, sha256: str) -> str:
+    """The text of bytes [start, end) of the part at `relative` (a slice cut on code point boundaries),
+    after checking them against the slice's `sha256`; only those bytes are read."""
+    path = package_dir / SNAPSHOT_DIR / relative
+    try:
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(descriptor, "rb") as part:
+            part.seek(start)
+            data = part.read(end - start)
+    except OSError as exc:
+        raise PackageUnreadable(f"text part {relative} unreadable ({type(exc).__name__})") from exc
+    if len(data) != end - start or hashlib.sha256(data).hexdigest() != sha256:
+        raise PackageUnreadable(f"a slice of text part {relative} does not match its planned sha256")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PackageUnreadable(f"a slice of text part {relative} is not UTF-8 cut on code points") from exc
 
 
 def file_sha256(path: Path) -> str:

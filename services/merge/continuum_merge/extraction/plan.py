@@ -5,8 +5,9 @@ budget's material tokens (estimates, from the recorded byte sizes). A tool resul
 call before it: when a unit would close between them, the call's parts move to the next unit too
 (when they fit). Each unit after the first repeats a few trailing parts of the one before it as
 context, so a fact split across the boundary is seen whole. A part over the material budget by itself
-is read alone, in consecutive slices of its text (code point ranges) that each fit. Coverage is decided
-by this plan: every extractable part is in exactly one unit's own parts, or in its slices end to end.
+is read alone, in consecutive slices of its text that each fit: byte ranges cut on code point boundaries,
+each with its own sha256, so a slice unit reads and checks only its own bytes. Coverage is decided by
+this plan: every extractable part is in exactly one unit's own parts, or in its slices end to end.
 
 A unit does not hold its parts: it records where they start in files.jsonl and records.jsonl and how
 many there are, so a plan over a long history stays small; `scan_unit` reads them again and checks
@@ -23,10 +24,28 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from continuum_merge.extraction.errors import PackageUnreadable
-from continuum_merge.extraction.package import RecordRow, iter_files, iter_records, read_text_part, snapshot_identity
-from continuum_runtime.provider.tokens import BYTES_PER_TOKEN, estimate_tokens, estimate_tokens_of_bytes
+from continuum_merge.extraction.package import (
+    RecordRow,
+    iter_files,
+    iter_part_chunks,
+    iter_records,
+    read_part_range,
+    read_text_part,
+    snapshot_identity,
+)
+from continuum_runtime.provider.tokens import BYTES_PER_TOKEN, estimate_tokens_of_bytes
 
-__all__ = ["EXTRACT_POLICY", "PartSpec", "UnitBudget", "UnitSpec", "plan_units", "scan_unit", "split_unit"]
+__all__ = [
+    "EXTRACT_POLICY",
+    "PartSlice",
+    "PartSpec",
+    "UnitBudget",
+    "UnitSpec",
+    "plan_units",
+    "read_slice",
+    "scan_unit",
+    "split_unit",
+]
 
 # The records.jsonl processing policy of material sent to a model (others are archived only).
 EXTRACT_POLICY = "extract"
@@ -104,6 +123,56 @@ class PartSpec:
 
 
 @dataclass(frozen=True)
+class PartSlice:
+    """Bytes [start, end) of a part's UTF-8 text, cut on code point boundaries: where its text starts in
+    UTF-16 code units (for evidence ranges) and the sha256 of exactly those bytes (checked when read)."""
+
+    start: int
+    end: int
+    utf16_start: int
+    sha256: str
+
+    @classmethod
+    def of(cls, data: bytes, start: int, utf16_start: int) -> PartSlice:
+        """The slice of `data`, found at byte `start` of its part after `utf16_start` UTF-16 code units."""
+        return cls(start, start + len(data), utf16_start, hashlib.sha256(data).hexdigest())
+
+    def stored(self) -> dict[str, object]:
+        """As the unit's stored input keeps it."""
+        return {"bytes": [self.start, self.end], "utf16Start": self.utf16_start, "sha256": self.sha256}
+
+    @classmethod
+    def from_stored(cls, value: object) -> PartSlice | None:
+        """A stored slice, None when absent; ValueError when malformed."""
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise ValueError("malformed slice")
+        bounds, utf16_start, sha256 = value.get("bytes"), value.get("utf16Start"), value.get("sha256")
+        numbers = [*bounds, utf16_start] if isinstance(bounds, list) and len(bounds) == 2 else []
+        if (
+            not numbers
+            or not all(isinstance(number, int) and not isinstance(number, bool) for number in numbers)
+            or not 0 <= numbers[0] < numbers[1]
+            or numbers[2] < 0
+            or not isinstance(sha256, str)
+        ):
+            raise ValueError("malformed slice")
+        return cls(numbers[0], numbers[1], numbers[2], sha256)
+
+
+def read_slice(package_dir: Path, part: PartSpec, piece: PartSlice | None) -> tuple[str, int]:
+    """The text of `piece` of `part` (all of it when None), checked against its hash, and the UTF-16
+    offset where it starts in the part; only the slice's bytes are read."""
+    if piece is None:
+        return read_text_part(package_dir, part.path, size=part.size, sha256=part.sha256), 0
+    if piece.end > part.size:
+        raise PackageUnreadable(f"a slice of {part.ref} ends past its text")
+    text = read_part_range(package_dir, part.path, start=piece.start, end=piece.end, sha256=piece.sha256)
+    return text, piece.utf16_start
+
+
+@dataclass(frozen=True)
 class UnitSpec:
     """One planned extraction unit. Its id depends only on the snapshot, the inputs and the processor."""
 
@@ -121,8 +190,8 @@ class UnitSpec:
     part_count: int
     first_ref: str
     last_ref: str
-    # A split of a single part: the code points [start, end) of its text this unit reads; None: all of it.
-    slice: tuple[int, int] | None = None
+    # A split of a single part: the slice of its text this unit reads; None: all of it.
+    slice: PartSlice | None = None
     # Byte offset in files.jsonl of the first row (the raw JSON) of the record of the unit's first part:
     # where every file row of the unit's records, attachments included, is listed from.
     record_files_offset: int | None = None
@@ -136,7 +205,7 @@ class UnitSpec:
         """The bounded description stored with the unit row (no text, no part list): with the unit id
         and ordinal, everything `from_stored` needs to rebuild this spec.
         """
-        stored: dict[str, object] = {"slice": list(self.slice)} if self.slice is not None else {}
+        stored: dict[str, object] = {"slice": self.slice.stored()} if self.slice is not None else {}
         if self.record_files_offset is not None:
             stored["recordFilesOffset"] = self.record_files_offset
         return json.dumps(
@@ -174,7 +243,7 @@ class UnitSpec:
                 part_count=stored["parts"],
                 first_ref=stored["firstRef"],
                 last_ref=stored["lastRef"],
-                slice=_stored_slice(stored.get("slice")),
+                slice=PartSlice.from_stored(stored.get("slice")),
                 record_files_offset=stored.get("recordFilesOffset"),
             )
         except (ValueError, TypeError, KeyError) as exc:
@@ -184,20 +253,6 @@ class UnitSpec:
         if not all(isinstance(n, int) and n >= 0 for n in numbers) or not all(isinstance(t, str) for t in texts):
             raise ValueError(f"unit {unit_id} has a malformed stored input")
         return spec
-
-
-def _stored_slice(value: object) -> tuple[int, int] | None:
-    """A stored slice [start, end) of code points, None when absent; ValueError when malformed."""
-    if value is None:
-        return None
-    if (
-        not isinstance(value, list)
-        or len(value) != 2
-        or not all(isinstance(bound, int) and not isinstance(bound, bool) for bound in value)
-        or not 0 <= value[0] < value[1]
-    ):
-        raise ValueError("malformed slice")
-    return value[0], value[1]
 
 
 @dataclass(frozen=True)
@@ -291,17 +346,22 @@ def split_unit(
 def _split_part(
     package_dir: Path, spec: UnitSpec, located: _Located, floor_tokens: int
 ) -> tuple[UnitSpec, UnitSpec] | None:
-    """A unit of one part (or one slice of it) cut into two slices, without context, at the middle code
-    point; None when the slice is at most `floor_tokens` estimated tokens."""
-    part = located.part
-    text = read_text_part(package_dir, part.path, size=part.size, sha256=part.sha256)
-    start, end = spec.slice or (0, len(text))
-    if end - start < 2 or estimate_tokens(text[start:end]) <= floor_tokens:
+    """A unit of one part (or one slice of it) cut into two slices, without context, at the code point
+    boundary nearest the middle byte; None when the slice is at most `floor_tokens` estimated tokens or
+    a single code point. Reads only the slice's own bytes."""
+    text, utf16_start = read_slice(package_dir, located.part, spec.slice)
+    data = text.encode()
+    if estimate_tokens_of_bytes(len(data)) <= floor_tokens or len(text) < 2:
         return None
-    middle = (start + end) // 2
+    middle = _boundary(data, len(data) // 2) or _boundary(data, len(data) // 2, forward=True)
+    start = spec.slice.start if spec.slice is not None else 0
+    halves = (
+        PartSlice.of(data[:middle], start, utf16_start),
+        PartSlice.of(data[middle:], start + middle, utf16_start + _utf16_units(data[:middle])),
+    )
     first, second = (
         _unit(spec.ordinal, spec.snapshot_hash, spec.processor_version, [], [located], unit_id=unit_id, bounds=bounds)
-        for unit_id, bounds in ((f"{spec.unit_id}.0", (start, middle)), (f"{spec.unit_id}.1", (middle, end)))
+        for unit_id, bounds in zip((f"{spec.unit_id}.0", f"{spec.unit_id}.1"), halves, strict=True)
     )
     return first, second
 
@@ -413,14 +473,21 @@ def _unit(
     own: list[_Located],
     *,
     unit_id: str | None = None,
-    bounds: tuple[int, int] | None = None,
+    bounds: PartSlice | None = None,
 ) -> UnitSpec:
     """The spec of a unit over `context` and `own` (a slice `bounds` of a single own part); its id is
     derived from them unless given (split)."""
     first = context[0] if context else own[0]
     input_hash = _input_hash([located.part for located in [*context, *own]])
     identity = json.dumps(
-        [snapshot_hash, STAGE, processor_version, input_hash, len(context), *([list(bounds)] if bounds else [])],
+        [
+            snapshot_hash,
+            STAGE,
+            processor_version,
+            input_hash,
+            len(context),
+            *([[bounds.start, bounds.end]] if bounds else []),
+        ],
         separators=(",", ":"),
     )
     return UnitSpec(
@@ -441,21 +508,38 @@ def _unit(
     )
 
 
-def _slices(package_dir: Path, part: PartSpec, budget: UnitBudget) -> list[tuple[int, int]]:
-    """Consecutive code point ranges of the part's text, each within the material budget (in estimated
-    tokens of its UTF-8 bytes)."""
-    text = read_text_part(package_dir, part.path, size=part.size, sha256=part.sha256)
+def _slices(package_dir: Path, part: PartSpec, budget: UnitBudget) -> Iterator[PartSlice]:
+    """Consecutive slices of the part's text, each within the material budget (in estimated tokens of its
+    UTF-8 bytes), cut on code point boundaries; the part is read once, in chunks, and checked whole."""
     limit = (budget.material_tokens - budget.part_overhead_tokens) * BYTES_PER_TOKEN
-    slices: list[tuple[int, int]] = []
-    start, size = 0, 0
-    for index, character in enumerate(text):
-        width = len(character.encode())
-        if size + width > limit and index > start:
-            slices.append((start, index))
-            start, size = index, 0
-        size += width
-    slices.append((start, len(text)))
-    return slices
+    pending = bytearray()
+    start = utf16_start = 0
+    for chunk in iter_part_chunks(package_dir, part.path, size=part.size, sha256=part.sha256):
+        pending += chunk
+        while len(pending) > limit:
+            cut = _boundary(pending, limit)
+            piece = bytes(pending[:cut])
+            yield PartSlice.of(piece, start, utf16_start)
+            start, utf16_start = start + cut, utf16_start + _utf16_units(piece)
+            del pending[:cut]
+    yield PartSlice.of(bytes(pending), start, utf16_start)
+
+
+def _boundary(data: bytes | bytearray, at: int, *, forward: bool = False) -> int:
+    """The code point boundary in `data` at or before byte `at` (after it when `forward`): a UTF-8
+    continuation byte never starts a slice. 0 when there is none before `at`."""
+    step = 1 if forward else -1
+    while 0 < at < len(data) and (data[at] & 0xC0) == 0x80:
+        at += step
+    return at
+
+
+def _utf16_units(data: bytes) -> int:
+    """UTF-16 code units of UTF-8 `data` (PackageUnreadable when it is not UTF-8)."""
+    try:
+        return len(data.decode("utf-8").encode("utf-16-le")) // 2
+    except UnicodeDecodeError as exc:
+        raise PackageUnreadable("a text part is not UTF-8") from exc
 
 
 def _input_hash(parts: list[PartSpec]) -> str:
