@@ -3,7 +3,7 @@ filesystem that fills up: the package root is a small tmpfs (mounting it needs r
 skipped, saying so). After the first unit commits, the disk is filled; the next unit's write meets a real
 ENOSPC (or, with a reserve, the free space is below it) and the merge pauses with DISK_RESERVE, resumable:
 the committed unit and its result stay, no partial file is left, and once space is freed a resume completes
-without asking for that unit again."""
+without asking for that unit again. The aggregation meeting a full disk removes its staging directory."""
 
 from __future__ import annotations
 
@@ -16,13 +16,16 @@ from pathlib import Path
 
 import pytest
 from deadline_testing import eventually
+from extraction_testing import SnapshotBuilder
 from merge_testing import running_merge
 from stages_testing import FAST, Hold, attempts, merged_sessions, two_sources
 
 from continuum.merge.v1 import error_code_pb2
 from continuum.merge.v1 import merge_service_pb2 as api
 from continuum.merge.v1 import resources_pb2 as pb
+from continuum_merge.extraction import StorageShort, UnitBudget, aggregate, plan_units, run_unit, verify_handoff
 from continuum_merge.worker import UNIT_AFTER_COMMIT
+from continuum_runtime.provider import OfflineProvider
 
 MIB = 1024 * 1024
 DISK_BYTES = 16 * MIB
@@ -101,3 +104,24 @@ async def test_the_disk_filling_up_during_extraction_pauses_resumably_and_keeps_
     # The unit committed before the disk filled was not asked again: one completed attempt per unit, and
     # the one attempt that could not write its result (or found the reserve short) ended in an error.
     assert units > 1 and outcomes == {"completed": units, "error": 1}
+
+
+async def test_the_aggregation_meeting_a_full_disk_stops_and_leaves_no_staging(small_disk: Path) -> None:
+    builder = SnapshotBuilder(small_disk / "op-1")
+    for number in range(40):
+        builder.add(f"session-{number % 2}", number, "assistant", f"Changed module {number}; tests pass. " * 20)
+    package = builder.seal()
+    budget = UnitBudget(request_tokens=4_096, output_tokens=512, safety_tokens=256, instruction_tokens=1_024)
+    results = [
+        (await run_unit(unit, package, OfflineProvider(), model="", budget=budget)).path
+        for unit in plan_units(package, processor_version="p1", budget=budget)
+    ]
+    filler = fill(small_disk, 0)
+
+    with pytest.raises(StorageShort, match="ENOSPC"):
+        await aggregate(package, results, OfflineProvider(), model="", budget=budget, brief_tokens=256)
+    assert not (package / "handoff.staging").exists() and not (package / "handoff").exists()
+
+    filler.unlink()
+    ready = await aggregate(package, results, OfflineProvider(), model="", budget=budget, brief_tokens=256)
+    assert verify_handoff(package) == ready and ready.unit_count == len(results)
