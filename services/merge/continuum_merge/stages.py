@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import shutil
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Sequence
+from http import HTTPStatus
 from pathlib import Path
 
 import grpc
@@ -120,6 +121,13 @@ def model_stop(error: Exception) -> StageStop:
             "paused",
         )
     if isinstance(error, ProviderError):
+        if error.status == HTTPStatus.PAYMENT_REQUIRED:
+            # The user's own spending quota at the provider (seed 000 §6.3): no cap of ours, and no retry.
+            return StageStop(
+                "PROVIDER_UNAVAILABLE",
+                "the model provider refused for billing or quota (HTTP 402); resume once the quota is raised",
+                "paused",
+            )
         if error.retryable or isinstance(error, ProviderBadResponse):
             what = f"the model provider kept failing ({type(error).__name__}, {error.status or 'no status'})"
         else:

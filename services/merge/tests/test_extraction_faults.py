@@ -241,6 +241,21 @@ async def test_refused_credentials_pause_at_once(stack: MergeStack, model: FakeM
     assert len(model.requests) == 1
 
 
+async def test_an_exhausted_spending_quota_pauses_at_once_saying_how_to_resume(
+    stack: MergeStack, model: FakeModelServer
+) -> None:
+    operation_id = await one_source(stack)
+    model.script(json_reply({"error": {"code": "insufficient_quota"}}, status=402))
+    paused = await settled(stack, operation_id)
+    assert paused.progress.status == pb.MERGE_STATUS_PAUSED and paused.progress.can_resume
+    assert paused.progress.error_code == error_code_pb2.PROVIDER_UNAVAILABLE
+    assert "quota is raised" in paused.progress.error
+    assert len(model.requests) == 1
+    model.script(answer("i1"))
+    await resume(stack, paused)
+    assert (await settled(stack, operation_id)).progress.status == pb.MERGE_STATUS_COMPLETED
+
+
 async def test_a_failure_at_unit_n_keeps_units_1_to_n_minus_1(stack: MergeStack, model: FakeModelServer) -> None:
     operation_id = await one_source(stack, parts=100)
     # Unit 1 completes, unit 2 meets refused credentials.
