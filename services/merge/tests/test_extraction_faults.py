@@ -231,13 +231,23 @@ async def test_transient_failures_are_tried_three_times_then_pause_resumably(
     assert len(model.requests) == 5
 
 
-async def test_refused_credentials_pause_at_once(stack: MergeStack, model: FakeModelServer) -> None:
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        json_reply({"error": {"code": "invalid_api_key"}}, status=401),
+        json_reply({"error": {"code": "model_not_found"}}, status=404),
+    ],
+    ids=["credentials", "unknown-model"],
+)
+async def test_refused_credentials_or_model_configuration_pause_at_once(
+    stack: MergeStack, model: FakeModelServer, refusal: Reply
+) -> None:
     operation_id = await one_source(stack)
-    model.script(json_reply({"error": {"code": "invalid_api_key"}}, status=401))
+    model.script(refusal)
     paused = await settled(stack, operation_id)
-    assert paused.progress.status == pb.MERGE_STATUS_PAUSED
+    assert paused.progress.status == pb.MERGE_STATUS_PAUSED and paused.progress.can_resume
     assert paused.progress.error_code == error_code_pb2.PROVIDER_UNAVAILABLE
-    assert "credentials" in paused.progress.error
+    assert "check its credentials and model" in paused.progress.error
     assert len(model.requests) == 1
 
 
