@@ -166,9 +166,10 @@ async def extract(package_dir: Path) -> dict[str, Any]:
         calls.append(subject[:2])
 
     started = time.perf_counter()
-    units = await asyncio.to_thread(plan_units, package_dir, processor_version=PROCESSOR_VERSION, budget=budget)
+    # The plan is streamed, as the service inserts it in batches: never held whole.
+    units = plan_units(package_dir, processor_version=PROCESSOR_VERSION, budget=budget)
     results = []
-    for unit in units:
+    while (unit := await asyncio.to_thread(next, units, None)) is not None:
         outcome = await run_unit(unit, package_dir, provider, model="", budget=budget, on_call=heard)
         results.append(outcome.path)
     unit_calls = len(calls)
@@ -177,7 +178,7 @@ async def extract(package_dir: Path) -> dict[str, Any]:
     )
     await asyncio.to_thread(verify_handoff, package_dir)
     return {
-        "units": len(units),
+        "units": len(results),
         "calls": len(calls),
         "unit_calls": unit_calls,
         "condense_calls": len(calls) - unit_calls,

@@ -7,7 +7,7 @@ directory (and, for the snapshot, its sources) and says how a stage stopped with
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -77,16 +77,18 @@ class Pipeline(Protocol):
         """Check a recorded seal against its package."""
         ...
 
-    async def plan(self, package_dir: Path, model: str) -> list[NewUnit]:
-        """The extraction units of the sealed snapshot (deterministic ids)."""
+    def plan(self, package_dir: Path, model: str) -> AsyncIterator[Sequence[NewUnit]]:
+        """The extraction units of the sealed snapshot (deterministic ids), in plan order, in batches of a
+        bounded size (each inserted in its own transaction)."""
         ...
 
     async def run_unit(self, package_dir: Path, unit: Unit, model: str) -> UnitDone:
         """Run one unit and rename its result into place (`SplitNeeded` when it must be split)."""
         ...
 
-    async def aggregate(self, package_dir: Path, results: Sequence[Path], model: str) -> str:
-        """Build the handoff from the units' results; the hash of its ready.json."""
+    async def aggregate(self, package_dir: Path, results: AsyncIterable[Path], model: str) -> str:
+        """Build the handoff from the units' results (in plan order, read as they come); the hash of its
+        ready.json."""
         ...
 
     async def verify_handoff(self, package_dir: Path) -> str:

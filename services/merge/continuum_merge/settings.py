@@ -31,7 +31,8 @@ class MergeSettings(ServiceSettings):
 
     # Root of the package tree (`<package_root>/<operation id>/`). Empty: `<data_dir>/merge-packages`.
     package_root: Path | None = None
-    # Free disk space the snapshot copy leaves untouched; running short pauses with DISK_RESERVE.
+    # Free disk space the snapshot copy and the extraction's writes leave untouched; running short (or a
+    # write failing for space or quota) pauses with DISK_RESERVE.
     disk_reserve_bytes: int = Field(default=1024**3, ge=0)
 
     # Lease of the MERGE claims on the source trees until the snapshot is sealed: a merge process that
@@ -48,6 +49,8 @@ class MergeSettings(ServiceSettings):
     worker_poll_seconds: float = Field(default=2.0, gt=0)
     # Operations one replica works on at once.
     max_concurrent_runs: int = Field(default=4, ge=1, le=64)
+    # Unit rows a run reads at once (each row is small and bounded: ids, hashes, a short input description).
+    unit_page_size: int = Field(default=256, ge=1, le=4096)
     # A run stopped by a transient failure (transcript or the provider unreachable) retries after this long.
     retry_seconds: float = Field(default=30.0, gt=0)
     # Recovery tests only: the named point (see `worker`) at which the process kills itself.

@@ -7,14 +7,18 @@ only the sealed package and ask the configured model provider (offline by defaul
 
 Every failure of those packages leaves here as a `StageStop` naming a MergeErrorCode and what the worker
 does about it: retry later by itself (transcript or the provider unreachable), pause until the user
-resumes (disk short, a busy or changed source, a record to handle, a model that keeps refusing, a package
-that no longer matches its hashes: it is never rebuilt from sources that changed), or fail (a source is gone).
+resumes (disk short, a busy or changed source, a record or an attachment to handle, a model that keeps
+refusing, a package that no longer matches its hashes: it is never rebuilt from sources that changed), or
+fail (a source is gone).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import itertools
+import shutil
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Sequence
+from http import HTTPStatus
 from pathlib import Path
 
 import grpc
@@ -22,9 +26,11 @@ import grpc
 from continuum_merge.admission import TreeCut
 from continuum_merge.extraction import (
     AnswerInvalid,
+    AttachmentUnreadable,
     ExtractionSettings,
     HandoffDamaged,
     PackageUnreadable,
+    StorageShort,
     UnitSpec,
     UnitTooLarge,
     aggregate,
@@ -60,8 +66,11 @@ from continuum_runtime.provider import (
 )
 
 # Recorded with every unit: results of another processor are never reused for this one's units.
-PROCESSOR_VERSION = "merge-extract-1"
+# 2: slices are byte ranges with their own sha256 (1: code point ranges).
+PROCESSOR_VERSION = "merge-extract-2"
 STAGE = "extracting"
+# Planned units handed to the worker at once (each becomes a row of a few hundred bytes).
+PLAN_BATCH_UNITS = 256
 
 
 def _sealed(snapshot: SealedSnapshot) -> Sealed:
@@ -112,6 +121,13 @@ def model_stop(error: Exception) -> StageStop:
             "paused",
         )
     if isinstance(error, ProviderError):
+        if error.status == HTTPStatus.PAYMENT_REQUIRED:
+            # The user's own spending quota at the provider (seed 000 §6.3): no cap of ours, and no retry.
+            return StageStop(
+                "PROVIDER_UNAVAILABLE",
+                "the model provider refused for billing or quota (HTTP 402); resume once the quota is raised",
+                "paused",
+            )
         if error.retryable or isinstance(error, ProviderBadResponse):
             what = f"the model provider kept failing ({type(error).__name__}, {error.status or 'no status'})"
         else:
@@ -119,7 +135,29 @@ def model_stop(error: Exception) -> StageStop:
         return StageStop("PROVIDER_UNAVAILABLE", what + "; resume when it is fixed", "paused")
     if isinstance(error, (PackageUnreadable, HandoffDamaged)):
         return _damaged(str(error))
+    if isinstance(error, StorageShort):
+        # Resumable once space is freed; the units committed so far stay.
+        return StageStop("DISK_RESERVE", str(error), "paused")
+    if isinstance(error, AttachmentUnreadable):
+        # The sealed package is never edited: the user describes the attachment in the source and merges
+        # again; originals and completed units stay meanwhile.
+        return StageStop("RECORD_REQUIRES_HANDLING", str(error), "paused")
     raise error
+
+
+def _next_batch(specs: Iterator[UnitSpec]) -> list[UnitSpec]:
+    """The next `PLAN_BATCH_UNITS` planned units (fewer at the end, none after it)."""
+    try:
+        return list(itertools.islice(specs, PLAN_BATCH_UNITS))
+    except PackageUnreadable as error:
+        raise _damaged(str(error)) from error
+
+
+def check_reserve(package_dir: Path, reserve_bytes: int) -> None:
+    """StorageShort when the package's filesystem has less free space than the reserve, before a write."""
+    free = shutil.disk_usage(package_dir).free
+    if free < reserve_bytes:
+        raise StorageShort(package_dir.name, f"{free} bytes free, below the reserve of {reserve_bytes} bytes")
 
 
 class MergeStages:
@@ -181,18 +219,15 @@ class MergeStages:
         except PackageDamaged as error:
             raise _damaged(str(error)) from error
 
-    async def plan(self, package_dir: Path, model: str) -> list[NewUnit]:
-        """The extraction units of the sealed snapshot, as rows to insert."""
-        try:
-            specs = await asyncio.to_thread(
-                plan_units, package_dir, processor_version=PROCESSOR_VERSION, budget=self._budget
-            )
-        except PackageUnreadable as error:
-            raise _damaged(str(error)) from error
-        return [
-            NewUnit(spec.unit_id, STAGE, spec.ordinal, spec.input_hash, spec.input_json(), PROCESSOR_VERSION, model)
-            for spec in specs
-        ]
+    async def plan(self, package_dir: Path, model: str) -> AsyncIterator[Sequence[NewUnit]]:
+        """The extraction units of the sealed snapshot, as rows to insert, `PLAN_BATCH_UNITS` at a time
+        (the manifests are read in a thread, one batch's worth at a time)."""
+        specs = plan_units(package_dir, processor_version=PROCESSOR_VERSION, budget=self._budget)
+        while batch := await asyncio.to_thread(_next_batch, specs):
+            yield [
+                NewUnit(spec.unit_id, STAGE, spec.ordinal, spec.input_hash, spec.input_json(), PROCESSOR_VERSION, model)
+                for spec in batch
+            ]
 
     async def run_unit(self, package_dir: Path, unit: Unit, model: str) -> UnitDone:
         """Run one stored unit against the sealed snapshot it was planned over.
@@ -206,6 +241,7 @@ class MergeStages:
         except ValueError as error:
             raise _damaged(str(error)) from error
         try:
+            await asyncio.to_thread(check_reserve, package_dir, self._reserve)
             outcome = await run_unit(
                 spec,
                 package_dir,
@@ -217,7 +253,7 @@ class MergeStages:
             )
         except SHRINKABLE as error:
             raise await self._split(package_dir, spec, model, error) from error
-        except (ProviderError, PackageUnreadable) as error:
+        except (ProviderError, PackageUnreadable, StorageShort, AttachmentUnreadable) as error:
             raise model_stop(error) from error
         usage = outcome.usage
         return UnitDone(
@@ -244,9 +280,10 @@ class MergeStages:
             ]
         )
 
-    async def aggregate(self, package_dir: Path, results: Sequence[Path], model: str) -> str:
-        """Build the handoff from the units' results; the hash of its ready.json."""
+    async def aggregate(self, package_dir: Path, results: AsyncIterable[Path], model: str) -> str:
+        """Build the handoff from the units' results (in plan order); the hash of its ready.json."""
         try:
+            await asyncio.to_thread(check_reserve, package_dir, self._reserve)
             ready = await aggregate(
                 package_dir,
                 results,
@@ -257,7 +294,7 @@ class MergeStages:
                 policy=self._policy,
                 on_call=self._on_call,
             )
-        except (AnswerInvalid, ProviderError, PackageUnreadable, HandoffDamaged) as error:
+        except (AnswerInvalid, ProviderError, PackageUnreadable, HandoffDamaged, StorageShort) as error:
             raise model_stop(error) from error
         return ready.handoff_hash
 

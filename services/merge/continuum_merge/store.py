@@ -555,9 +555,11 @@ class Unit:
 
 
 async def insert_units(connection: AsyncConnection, fence: Fence, units: Sequence[NewUnit], now_ms: int) -> bool:
-    """Insert planned units (ids are deterministic: planning again inserts nothing new) and mark the
-    plan final, within the caller's transaction; False (nothing to commit) when the run was superseded."""
-    if not await advance(connection, fence, now_ms, units_planned=True):
+    """Insert one batch of planned units within the caller's transaction (ids are deterministic: planning
+    again after a crash inserts nothing new); False (nothing to commit) when the run was superseded.
+
+    The plan is final only once `finish_plan` commits, after its last batch."""
+    if not await advance(connection, fence, now_ms):
         return False
     for unit in units:
         statement = (
@@ -576,14 +578,31 @@ async def insert_units(connection: AsyncConnection, fence: Fence, units: Sequenc
     return True
 
 
-async def list_units(connection: AsyncConnection, operation_id: str, stage: str) -> list[Unit]:
-    """An operation's units of one stage in plan order."""
+async def finish_plan(connection: AsyncConnection, fence: Fence, now_ms: int) -> bool:
+    """Mark the plan final (every batch inserted); fenced like every worker write."""
+    return await advance(connection, fence, now_ms, units_planned=True)
+
+
+async def list_units(
+    connection: AsyncConnection,
+    operation_id: str,
+    stage: str,
+    *,
+    after: tuple[int, str] | None,
+    limit: int,
+    state: str | None = None,
+) -> list[Unit]:
+    """A page of an operation's units of one stage (in `state`, when given) in plan order, (ordinal,
+    unit id), after the unit `after` names (None: from the first). A split's children sort right after
+    their parent, so the page after a parent that was just split starts with its children."""
     table = session_merge_units
-    query = (
-        select(table)
-        .where(table.c.operation_id == operation_id, table.c.stage == stage)
-        .order_by(table.c.ordinal, table.c.unit_id)
-    )
+    conditions = [table.c.operation_id == operation_id, table.c.stage == stage]
+    if state is not None:
+        conditions.append(table.c.state == state)
+    if after is not None:
+        ordinal, unit_id = after
+        conditions.append(or_(table.c.ordinal > ordinal, and_(table.c.ordinal == ordinal, table.c.unit_id > unit_id)))
+    query = select(table).where(*conditions).order_by(table.c.ordinal, table.c.unit_id).limit(limit)
     return [Unit(**row) for row in (await connection.execute(query)).mappings()]
 
 

@@ -23,7 +23,7 @@ import os
 import shutil
 import signal
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -50,6 +50,8 @@ PUBLISH_BEFORE_TARGET = "publish_before_target"
 PUBLISH_AFTER_TARGET = "publish_after_target"
 PUBLISH_BEFORE_COMPLETE = "publish_before_complete"
 PUBLISH_AFTER_COMPLETE = "publish_after_complete"
+# The stage of extraction units (their rows' `stage`).
+STAGE = "extracting"
 # What the target's one program-written entry message says; the handoff itself stays in the package.
 ENTRY_TEXT = (
     "This session continues the work of {count} merged sessions ({sources}). Their history is kept "
@@ -306,9 +308,11 @@ class OperationRun:
         operation = await self._current()
         # Until a handoff hash is recorded, the handoff is (re)built from the units' results.
         if operation.stage in ("extracting", "aggregating") or operation.handoff_hash is None:
-            results = await self._extract(operation)
+            await self._extract(operation)
             await self._advance(stage="aggregating")
-            handoff_hash = await self._pipeline.aggregate(self._package, results, operation.execution.model)
+            handoff_hash = await self._pipeline.aggregate(
+                self._package, self._results(operation.operation_id), operation.execution.model
+            )
             await self._advance(stage="validating", handoff_hash=handoff_hash)
         await self._publish(await self._current())
 
@@ -415,42 +419,69 @@ class OperationRun:
         async with self._db.transaction() as connection:
             await store.forget_claim(connection, self._fence.operation_id, self._clock.now_ms())
 
-    async def _extract(self, operation: Operation) -> list[Path]:
-        """Every extraction unit completed, in plan order: completed ones reused once their hash is
-        verified, the others run one at a time under the unit commit protocol."""
+    async def _extract(self, operation: Operation) -> None:
+        """Every extraction unit completed, in plan order, a page of units at a time: completed ones reused
+        once their hash is verified (once per run), the others run one at a time under the unit commit
+        protocol. A split unit's children sort right after it: the next page starts with them."""
         model = operation.execution.model
         if not operation.units_planned:
-            planned = await self._pipeline.plan(self._package, model)
-            async with self._db.transaction() as connection:
-                if not await store.insert_units(connection, self._fence, planned, self._clock.now_ms()):
-                    raise Superseded(operation.operation_id)
-        while True:
-            results = await self._extract_listed(operation.operation_id, model)
-            if results is not None:
-                return results
-
-    async def _extract_listed(self, operation_id: str, model: str) -> list[Path] | None:
-        """One pass over the units as listed now; None when a unit was split (list again: its children
-        follow it)."""
-        async with self._db.connection() as connection:
-            units = await store.list_units(connection, operation_id, "extracting")
-        results: list[Path] = []
-        for unit in units:
-            if unit.state == "split":
-                continue
-            if unit.state == "completed" and unit.result_path is not None:
-                path = self._package / unit.result_path
-                if await asyncio.to_thread(file_sha256, path) == unit.result_hash:
-                    results.append(path)
-                    continue
+            # A batch per transaction: a crash mid-plan leaves the plan unfinished, and planning again
+            # inserts only what is missing (deterministic ids).
+            async for planned in self._pipeline.plan(self._package, model):
                 async with self._db.transaction() as connection:
-                    if not await store.redo_unit(connection, self._fence, unit.unit_id, self._clock.now_ms()):
-                        raise Superseded(operation_id)
-            done = await self._run_unit(unit, model)
-            if done is None:
-                return None
-            results.append(done)
-        return results
+                    if not await store.insert_units(connection, self._fence, planned, self._clock.now_ms()):
+                        raise Superseded(operation.operation_id)
+            async with self._db.transaction() as connection:
+                if not await store.finish_plan(connection, self._fence, self._clock.now_ms()):
+                    raise Superseded(operation.operation_id)
+        after: tuple[int, str] | None = None
+        while True:
+            async with self._db.connection() as connection:
+                page = await store.list_units(
+                    connection, operation.operation_id, STAGE, after=after, limit=self._settings.unit_page_size
+                )
+            if not page:
+                return
+            for unit in page:
+                after = (unit.ordinal, unit.unit_id)
+                if not await self._unit_done(unit, model):
+                    # Split: list again after it, from its children.
+                    break
+
+    async def _unit_done(self, unit: store.Unit, model: str) -> bool:
+        """Whether `unit` is done (split already, completed and verified, or run now); False when it was
+        split just now."""
+        if unit.state == "split":
+            return True
+        if unit.state == "completed" and unit.result_path is not None:
+            if await asyncio.to_thread(file_sha256, self._package / unit.result_path) == unit.result_hash:
+                return True
+            async with self._db.transaction() as connection:
+                if not await store.redo_unit(connection, self._fence, unit.unit_id, self._clock.now_ms()):
+                    raise Superseded(self._fence.operation_id)
+        return await self._run_unit(unit, model) is not None
+
+    async def _results(self, operation_id: str) -> AsyncIterator[Path]:
+        """The completed units' result files in plan order, a page of rows at a time (all verified by
+        `_extract` in this run)."""
+        after: tuple[int, str] | None = None
+        while True:
+            async with self._db.connection() as connection:
+                page = await store.list_units(
+                    connection,
+                    operation_id,
+                    STAGE,
+                    after=after,
+                    limit=self._settings.unit_page_size,
+                    state="completed",
+                )
+            if not page:
+                return
+            for unit in page:
+                after = (unit.ordinal, unit.unit_id)
+                if unit.result_path is None:
+                    raise AssertionError("a completed unit row has a result path (database constraint)")
+                yield self._package / unit.result_path
 
     async def _run_unit(self, unit: store.Unit, model: str) -> Path | None:
         """The unit commit protocol around one unit; None when the unit was split instead."""

@@ -12,7 +12,7 @@ import asyncio
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,12 +71,14 @@ class ScriptedPipeline:
             raise StageStop("PACKAGE_DAMAGED", "seal.json is missing", "paused")
         return Sealed(json.loads(seal.read_text())["version"], found)
 
-    async def plan(self, package_dir: Path, model: str) -> list[NewUnit]:
+    async def plan(self, package_dir: Path, model: str) -> AsyncIterator[Sequence[NewUnit]]:
         self.calls["plan"] += 1
-        return [
-            NewUnit(f"unit-{index}", "extracting", index, f"{index:064x}", "{}", PROCESSOR, model)
-            for index in range(self.units)
-        ]
+        # Batches of two, as the stages hand over a long plan in bounded batches.
+        for start in range(0, self.units, 2):
+            yield [
+                NewUnit(f"unit-{index}", "extracting", index, f"{index:064x}", "{}", PROCESSOR, model)
+                for index in range(start, min(start + 2, self.units))
+            ]
 
     async def run_unit(self, package_dir: Path, unit: Unit, model: str) -> UnitDone:
         self.calls[unit.unit_id] += 1
@@ -99,10 +101,10 @@ class ScriptedPipeline:
         digest = _write(package_dir / relative, json.dumps({"unit": unit.unit_id, "model": model}).encode())
         return UnitDone(relative, digest, model, 10, None)
 
-    async def aggregate(self, package_dir: Path, results: Sequence[Path], model: str) -> str:
+    async def aggregate(self, package_dir: Path, results: AsyncIterable[Path], model: str) -> str:
         self.calls["aggregate"] += 1
         self._maybe_stop("aggregate")
-        listed = {path.name: _hash(path) for path in results}
+        listed = {path.name: _hash(path) async for path in results}
         return _write(package_dir / "handoff" / "ready.json", json.dumps(listed, sort_keys=True).encode())
 
     async def verify_handoff(self, package_dir: Path) -> str:

@@ -1,10 +1,12 @@
 """kill -9 of the merge process at every named failpoint, then a restart: the operation completes with
 exactly one target, completed units are reused, the package's hashes verify and no claim is left behind.
+The same while the HTTP model provider on loopback is failing: the restart completes once it recovers.
 And two merge processes on one PostgreSQL: the one working is killed, the other finishes."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -14,6 +16,7 @@ import pytest
 from deadline_testing import eventually
 from google.protobuf import duration_pb2
 from merge_testing import OWNER
+from model_server_testing import MODEL, FakeModelServer, Reply, completion
 from stages_testing import (
     MergeProcess,
     attempts,
@@ -182,3 +185,52 @@ async def test_two_processes_on_postgres_the_other_finishes_after_the_worker_is_
             assert units > 1 and outcomes == Counter({"completed": units})
         finally:
             await database.dispose()
+
+
+def unit_answer() -> Reply:
+    """A valid extraction answer for any unit (every unit's request has alias i1)."""
+    item = {"section": "changes", "status": "completed", "content": "The build passes now.", "evidence": ["i1"]}
+    return completion(
+        json.dumps({"schemaVersion": 2, "items": [item]}), usage={"prompt_tokens": 5, "completion_tokens": 5}
+    )
+
+
+async def test_kill_9_while_the_http_provider_fails_then_a_restart_completes_once_it_recovers(
+    transcript: TranscriptClient, settings: MergeSettings, database: Database
+) -> None:
+    model = FakeModelServer()
+    await model.start()
+    provider = {
+        "MERGE_PROVIDER__KIND": "openai",
+        "MERGE_PROVIDER__BASE_URL": model.url,
+        "MERGE_PROVIDER__MODEL": MODEL,
+        # Patient enough that the process is still trying (not paused) when it is killed.
+        "MERGE_EXTRACTION__ATTEMPTS": "10",
+        "MERGE_EXTRACTION__BACKOFF_SECONDS": "[0.3]",
+    }
+    try:
+        # The first unit is answered, then the provider fails with 503 on every call.
+        model.script(unit_answer(), *[Reply(status=503, body=b"overloaded")] * 50)
+        async with merge_process(settings, MERGE_INSTANCE_ID="m1", **provider) as doomed:
+            operation_id = await doomed.start(["a", "b"])
+
+            async def failing_mid_run() -> bool:
+                return len(model.requests) >= 4 and (await attempts(database, operation_id))[1]["completed"] == 1
+
+            await eventually(failing_mid_run, what="the provider to fail after the first unit", seconds=60)
+            assert (await doomed.get(operation_id)).progress.status == pb.MERGE_STATUS_PREPARING
+            doomed.process.send_signal(signal.SIGKILL)
+            assert await doomed.process.wait() == -signal.SIGKILL
+        asked_before = len(model.requests)
+
+        # The provider recovers; the restarted process continues from the first unfinished unit.
+        model.replies.clear()
+        model.script(*[unit_answer()] * 50)
+        async with merge_process(settings, MERGE_INSTANCE_ID="m1", **provider) as restarted:
+            units, outcomes = await recovered(transcript, settings, database, restarted, operation_id)
+    finally:
+        await model.stop()
+    # One answered call per unit: the first unit's was before the kill and is not asked again.
+    assert units > 2 and len(model.requests) - asked_before == units - 1
+    # Every unit completed once; the attempt the kill cut off stays as it was recorded (running).
+    assert outcomes == Counter({"completed": units, "running": 1})

@@ -195,7 +195,7 @@ async def test_a_history_with_nothing_to_extract_gives_an_empty_handoff_that_say
     builder = SnapshotBuilder(tmp_path)
     builder.add("session-a", 1, "assistant", "private reasoning only", policy="archive")
     package = builder.seal()
-    assert plan_units(package, processor_version="p1", budget=BUDGET) == []
+    assert list(plan_units(package, processor_version="p1", budget=BUDGET)) == []
     ready = await aggregate(package, [], OfflineProvider(), model="")
     assert (ready.unit_count, ready.item_count, ready.brief_item_count, ready.navigation) == (0, 0, 0, False)
     assert (package / "handoff" / "handoff.md").read_text().count("Not recorded.") == len(SECTIONS)

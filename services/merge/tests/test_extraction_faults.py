@@ -231,14 +231,39 @@ async def test_transient_failures_are_tried_three_times_then_pause_resumably(
     assert len(model.requests) == 5
 
 
-async def test_refused_credentials_pause_at_once(stack: MergeStack, model: FakeModelServer) -> None:
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        json_reply({"error": {"code": "invalid_api_key"}}, status=401),
+        json_reply({"error": {"code": "model_not_found"}}, status=404),
+    ],
+    ids=["credentials", "unknown-model"],
+)
+async def test_refused_credentials_or_model_configuration_pause_at_once(
+    stack: MergeStack, model: FakeModelServer, refusal: Reply
+) -> None:
     operation_id = await one_source(stack)
-    model.script(json_reply({"error": {"code": "invalid_api_key"}}, status=401))
+    model.script(refusal)
     paused = await settled(stack, operation_id)
-    assert paused.progress.status == pb.MERGE_STATUS_PAUSED
+    assert paused.progress.status == pb.MERGE_STATUS_PAUSED and paused.progress.can_resume
     assert paused.progress.error_code == error_code_pb2.PROVIDER_UNAVAILABLE
-    assert "credentials" in paused.progress.error
+    assert "check its credentials and model" in paused.progress.error
     assert len(model.requests) == 1
+
+
+async def test_an_exhausted_spending_quota_pauses_at_once_saying_how_to_resume(
+    stack: MergeStack, model: FakeModelServer
+) -> None:
+    operation_id = await one_source(stack)
+    model.script(json_reply({"error": {"code": "insufficient_quota"}}, status=402))
+    paused = await settled(stack, operation_id)
+    assert paused.progress.status == pb.MERGE_STATUS_PAUSED and paused.progress.can_resume
+    assert paused.progress.error_code == error_code_pb2.PROVIDER_UNAVAILABLE
+    assert "quota is raised" in paused.progress.error
+    assert len(model.requests) == 1
+    model.script(answer("i1"))
+    await resume(stack, paused)
+    assert (await settled(stack, operation_id)).progress.status == pb.MERGE_STATUS_COMPLETED
 
 
 async def test_a_failure_at_unit_n_keeps_units_1_to_n_minus_1(stack: MergeStack, model: FakeModelServer) -> None:
@@ -335,14 +360,18 @@ async def test_a_single_part_too_large_is_bisected_into_slices_down_to_the_floor
     ]
     sealed = (package / "snapshot" / "text" / f"{evidence[0]['recordRef']}-0.txt").read_text(encoding="utf-8")
     assert long_text in sealed
-    # The slices are contiguous and cover the whole part (code points); each request carried only its slice.
-    assert slices[0][0] == 0 and slices[-1][1] == len(sealed)
-    assert all(left[1] == right[0] for left, right in itertools.pairwise(slices))
+    # The slices are contiguous and cover the whole part (bytes cut on code points); each request carried
+    # only its slice.
+    data = sealed.encode()
+    assert slices[0]["bytes"][0] == 0 and slices[-1]["bytes"][1] == len(data)
+    assert all(left["bytes"][1] == right["bytes"][0] for left, right in itertools.pairwise(slices))
     sent = [json.loads(request.json()["messages"][1]["content"])["inputs"][0]["text"] for request in model.requests]
     # Requests: whole (refused), first half, second half (refused), its two quarters.
     assert sent[1] + sent[3] + sent[4] == sealed and sent[2] == sent[3] + sent[4]
     # Evidence ranges are UTF-16 ranges of the sealed part, matching each slice (BMP text: one unit each).
-    assert [entry["utf16"] for entry in evidence] == slices
+    assert [entry["utf16"] for entry in evidence] == [
+        [len(data[:start].decode()), len(data[:end].decode())] for start, end in (piece["bytes"] for piece in slices)
+    ]
 
 
 async def test_a_slice_at_the_floor_pauses(stack: MergeStack, model: FakeModelServer) -> None:

@@ -67,7 +67,7 @@ def one_unit(package_dir: Path) -> tuple[Path, UnitSpec]:
     builder.add("session-a", 2, "assistant", f"Done in api/users.py. {SECRET_TEXT}")
     builder.add("session-b", 1, "assistant", "The header still reads user.name; integration is open.")
     package = builder.seal()
-    (unit,) = plan_units(package, processor_version="p1", budget=UnitBudget())
+    (unit,) = list(plan_units(package, processor_version="p1", budget=UnitBudget()))
     return package, unit
 
 

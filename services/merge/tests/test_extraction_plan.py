@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -37,7 +39,7 @@ def test_every_extractable_part_is_in_exactly_one_unit_in_snapshot_order(tmp_pat
     record = builder.add("session-b", 99, "user", "界面字段改名" * 6_000)  # 108,000 bytes: four parts
     builder.add_asset(record, b"\x89PNG not text")
     package = builder.seal()
-    units = plan_units(package, processor_version="p1", budget=SMALL)
+    units = list(plan_units(package, processor_version="p1", budget=SMALL))
     assert len(units) > 5
     own = [part for _, parts in parts_of(package, units) for part in parts]
     files = [json.loads(line) for line in (package / "snapshot" / "files.jsonl").read_text().splitlines()]
@@ -47,11 +49,15 @@ def test_every_extractable_part_is_in_exactly_one_unit_in_snapshot_order(tmp_pat
     sliced = [unit for unit in units if unit.slice is not None]
     assert {unit.first_ref for unit in sliced} == {ref for ref in expected if ref.startswith(f"r_{record}:")}
     for ref, group in itertools.groupby(sliced, key=lambda unit: unit.first_ref):
-        bounds = [unit.slice or (-1, -1) for unit in group]
-        text = _text(package, next(row for row in files if row["ref"] == ref))
-        assert bounds[0][0] == 0 and bounds[-1][1] == len(text)
-        assert all(left[1] == right[0] for left, right in itertools.pairwise(bounds))
-        assert all(len(text[a:b].encode()) / 4 + 32 <= SMALL.material_tokens for a, b in bounds)
+        bounds = [unit.slice for unit in group if unit.slice is not None]
+        data = _text(package, next(row for row in files if row["ref"] == ref)).encode()
+        # Byte ranges end to end, cut on code points, each with its bytes' hash and its UTF-16 start.
+        assert bounds[0].start == 0 and bounds[-1].end == len(data)
+        assert all(left.end == right.start for left, right in itertools.pairwise(bounds))
+        assert all((b.end - b.start) / 4 + 32 <= SMALL.material_tokens for b in bounds)
+        for piece in bounds:
+            assert piece.sha256 == hashlib.sha256(data[piece.start : piece.end]).hexdigest()
+            assert piece.utf16_start == len(data[: piece.start].decode().encode("utf-16-le")) // 2
     assert [unit.ordinal for unit in units] == list(range(len(units)))
     assert all(unit.stage == "extracting" and unit.part_count >= 1 for unit in units)
     # The stored input is small and, with the id and ordinal, rebuilds the unit.
@@ -65,7 +71,7 @@ def test_every_extractable_part_is_in_exactly_one_unit_in_snapshot_order(tmp_pat
 
 def test_units_stay_within_the_budget_with_context_from_the_unit_before(tmp_path: Path) -> None:
     package = history(tmp_path).seal()
-    units = plan_units(package, processor_version="p1", budget=SMALL)
+    units = list(plan_units(package, processor_version="p1", budget=SMALL))
     scanned = parts_of(package, units)
     for (context, own), unit in zip(scanned, units, strict=True):
         assert sum(part.tokens(SMALL) for part in [*context, *own]) <= SMALL.material_tokens or len(own) == 1
@@ -76,15 +82,15 @@ def test_units_stay_within_the_budget_with_context_from_the_unit_before(tmp_path
 
 
 def test_unit_ids_depend_only_on_snapshot_inputs_and_processor(tmp_path: Path) -> None:
-    first = plan_units(history(tmp_path / "one").seal(), processor_version="p1", budget=SMALL)
-    again = plan_units(history(tmp_path / "two").seal(), processor_version="p1", budget=SMALL)
+    first = list(plan_units(history(tmp_path / "one").seal(), processor_version="p1", budget=SMALL))
+    again = list(plan_units(history(tmp_path / "two").seal(), processor_version="p1", budget=SMALL))
     assert first == again
     assert len({unit.unit_id for unit in first}) == len(first)
-    other = plan_units(tmp_path / "one", processor_version="p2", budget=SMALL)
+    other = list(plan_units(tmp_path / "one", processor_version="p2", budget=SMALL))
     assert not {unit.unit_id for unit in first} & {unit.unit_id for unit in other}
     changed = history(tmp_path / "three")
     changed.add("session-b", 100, "user", "one more message")
-    later = plan_units(changed.seal(), processor_version="p1", budget=SMALL)
+    later = list(plan_units(changed.seal(), processor_version="p1", budget=SMALL))
     # Another snapshot is another identity, even where the inputs are the same.
     assert first[0].input_hash == later[0].input_hash and first[0].unit_id != later[0].unit_id
 
@@ -98,7 +104,7 @@ def test_a_tool_result_stays_with_the_call_before_it(tmp_path: Path) -> None:
     builder.add("s", 5, "tool", "result " + "r" * 193)
     builder.add("s", 6, "user", "u" * 200)
     package = builder.seal()
-    units = plan_units(package, processor_version="p1", budget=SMALL)
+    units = list(plan_units(package, processor_version="p1", budget=SMALL))
     scanned = parts_of(package, units)
     roles = [[part.role for part in own] for _, own in scanned]
     assert roles[0] == ["user", "user", "user"]
@@ -107,7 +113,7 @@ def test_a_tool_result_stays_with_the_call_before_it(tmp_path: Path) -> None:
 
 def test_scan_refuses_a_unit_whose_manifest_changed_and_unsafe_or_unsealed_packages(tmp_path: Path) -> None:
     package = history(tmp_path).seal()
-    units = plan_units(package, processor_version="p1", budget=SMALL)
+    units = list(plan_units(package, processor_version="p1", budget=SMALL))
     files = package / "snapshot" / "files.jsonl"
     original = files.read_text()
     files.write_text(original.replace(units[1].first_ref, units[1].first_ref[:-1] + "9"))
@@ -116,11 +122,11 @@ def test_scan_refuses_a_unit_whose_manifest_changed_and_unsafe_or_unsealed_packa
     first_row = json.loads(original.splitlines()[0])
     files.write_text(original.replace(first_row["path"], "../../etc/passwd"))
     with pytest.raises(PackageUnreadable, match="unsafe path"):
-        plan_units(package, processor_version="p1", budget=SMALL)
+        list(plan_units(package, processor_version="p1", budget=SMALL))
     files.write_text(original)
     (package / "snapshot" / "seal.json").unlink()
     with pytest.raises(PackageUnreadable, match="not sealed"):
-        plan_units(package, processor_version="p1", budget=SMALL)
+        list(plan_units(package, processor_version="p1", budget=SMALL))
 
 
 def test_a_part_naming_a_record_out_of_order_is_a_damaged_manifest(tmp_path: Path) -> None:
@@ -131,12 +137,12 @@ def test_a_part_naming_a_record_out_of_order_is_a_damaged_manifest(tmp_path: Pat
     lines[first], lines[second] = lines[second], lines[first]
     files.write_text("".join(lines))
     with pytest.raises(PackageUnreadable, match="not listed"):
-        plan_units(package, processor_version="p1", budget=SMALL)
+        list(plan_units(package, processor_version="p1", budget=SMALL))
 
 
 def test_a_split_unit_is_covered_by_two_deterministic_halves_down_to_single_parts(tmp_path: Path) -> None:
     package = history(tmp_path).seal()
-    units = plan_units(package, processor_version="p1", budget=SMALL)
+    units = list(plan_units(package, processor_version="p1", budget=SMALL))
     parent = next(unit for unit in units if unit.context_count and unit.part_count >= 2)
     _, own = scan_unit(package, parent)
     halves = split_unit(package, parent, floor_tokens=0)
@@ -157,8 +163,9 @@ def test_a_split_unit_is_covered_by_two_deterministic_halves_down_to_single_part
     # Above the floor, a single part is bisected into contiguous slices of its text, down to the floor.
     slices = split_unit(package, leaves[0], floor_tokens=0)
     assert slices is not None
-    (start, middle), (middle_again, end) = [child.slice or (-1, -1) for child in slices]
-    assert start == 0 and middle == middle_again and 0 < middle < end
+    first_slice, second_slice = [child.slice for child in slices]
+    assert first_slice is not None and second_slice is not None
+    assert first_slice.start == 0 and first_slice.end == second_slice.start < second_slice.end
     assert all(child.part_count == 1 and child.context_count == 0 for child in slices)
     assert UnitSpec.from_stored(slices[1].unit_id, slices[1].ordinal, slices[1].input_json()) == slices[1]
 
@@ -172,3 +179,23 @@ def test_budgets_that_leave_no_room_for_material_are_refused() -> None:
 
 def _text(package: Path, row: dict[str, object]) -> str:
     return (package / "snapshot" / str(row["path"])).read_text()
+
+
+def test_planning_a_long_history_streams_in_bounded_memory(tmp_path: Path) -> None:
+    # 8,000 records make over 5,000 units; the plan is handed out one unit at a time, so what planning
+    # holds is bounded by one unit's parts, not by the history: about 1 MiB at 2,000 records as at 8,000
+    # (mostly the manifest hash's read buffer), where a list of every unit takes about 4 MiB.
+    builder = SnapshotBuilder(tmp_path)
+    for number in range(8_000):
+        builder.add(f"session-{number % 3}", number, ("user", "assistant", "tool")[number % 3], f"step {number}. " * 40)
+    package = builder.seal()
+    del builder
+    tracemalloc.start()
+    try:
+        first = next(plan_units(package, processor_version="p1", budget=SMALL))
+        count = sum(1 for _ in plan_units(package, processor_version="p1", budget=SMALL))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert first.ordinal == 0 and count > 3_000
+    assert peak < 2 * 1024 * 1024, f"planning {count} units peaked at {peak} traced bytes"

@@ -15,6 +15,7 @@ from continuum_merge.extraction import (
     plan_units,
     run_unit,
     scan_unit,
+    split_unit,
     verify_unit_result,
 )
 from continuum_merge.extraction.schema import SECTIONS, STATUSES, AnswerProblem, parse_answer
@@ -42,7 +43,7 @@ def continuation(package_dir: Path) -> Path:
 
 async def test_each_unit_writes_checked_items_whose_evidence_resolves_to_its_parts(tmp_path: Path) -> None:
     package = continuation(tmp_path)
-    units = plan_units(package, processor_version="p1", budget=BUDGET)
+    units = list(plan_units(package, processor_version="p1", budget=BUDGET))
     assert len(units) > 1
     provider = OfflineProvider()
     seen_refs: set[str] = set()
@@ -84,7 +85,7 @@ async def test_each_unit_writes_checked_items_whose_evidence_resolves_to_its_par
 
 async def test_a_rerun_of_a_unit_rewrites_the_same_result(tmp_path: Path) -> None:
     package = continuation(tmp_path)
-    unit = plan_units(package, processor_version="p1", budget=BUDGET)[0]
+    unit = next(plan_units(package, processor_version="p1", budget=BUDGET))
     first = await run_unit(unit, package, OfflineProvider(), model="", budget=BUDGET)
     (package / "work" / f"{unit.unit_id}.json.tmp").write_bytes(b"left by a crash")
     again = await run_unit(unit, package, OfflineProvider(), model="", budget=BUDGET)
@@ -94,7 +95,7 @@ async def test_a_rerun_of_a_unit_rewrites_the_same_result(tmp_path: Path) -> Non
 
 async def test_a_damaged_part_stops_the_unit_before_any_model_call(tmp_path: Path) -> None:
     package = continuation(tmp_path)
-    unit = plan_units(package, processor_version="p1", budget=BUDGET)[0]
+    unit = next(plan_units(package, processor_version="p1", budget=BUDGET))
     _, own = scan_unit(package, unit)
     (package / "snapshot" / own[0].path).write_text("Rename the response field to something else entirely.")
     with pytest.raises(PackageUnreadable, match="does not match its size or sha256"):
@@ -108,7 +109,7 @@ async def test_a_damaged_part_stops_the_unit_before_any_model_call(tmp_path: Pat
 
 async def test_a_committed_result_is_reused_only_while_its_hash_matches(tmp_path: Path) -> None:
     package = continuation(tmp_path)
-    unit = plan_units(package, processor_version="p1", budget=BUDGET)[0]
+    unit = next(plan_units(package, processor_version="p1", budget=BUDGET))
     outcome = await run_unit(unit, package, OfflineProvider(), model="", budget=BUDGET)
     assert verify_unit_result(package, outcome.relative_path, outcome.sha256) == outcome.path
     with pytest.raises(PackageUnreadable, match="not in the work directory"):
@@ -125,7 +126,7 @@ async def test_a_committed_result_is_reused_only_while_its_hash_matches(tmp_path
 
 async def test_a_unit_planned_over_another_snapshot_is_refused(tmp_path: Path) -> None:
     package = continuation(tmp_path)
-    unit = plan_units(package, processor_version="p1", budget=BUDGET)[0]
+    unit = next(plan_units(package, processor_version="p1", budget=BUDGET))
     # The same package directory sealed again with one more record: another snapshot.
     builder = SnapshotBuilder(tmp_path / "again")
     builder.add("session-a", 1, "user", "Rename the response field name to displayName. Never break old clients.")
@@ -148,3 +149,35 @@ def test_an_answer_citing_unknown_aliases_is_refused_quoting_only_alias_shaped_w
         parse_answer(answer, {"i1"})
     assert "cites 2 alias(es) this request did not give: i9" in str(refused.value)
     assert "secret" not in str(refused.value)
+
+
+def bytes_read() -> int:
+    """Bytes this process has read through read() calls so far (Linux /proc/self/io `rchar`)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no rchar in /proc/self/io")
+
+
+async def test_a_slice_of_a_large_part_reads_and_checks_only_its_own_bytes(tmp_path: Path) -> None:
+    # One record of 8 MiB in a single part (a package written by another tool may hold one that large):
+    # planned as slices of about 44 KiB. Running or splitting a slice reads its bytes, not the part's.
+    builder = SnapshotBuilder(tmp_path, part_bytes=16 * 1024 * 1024)
+    builder.add("session-a", 1, "tool", "界面字段 displayName 改名;" * 300_000)
+    package = builder.seal()
+    units = list(plan_units(package, processor_version="p1", budget=UnitBudget()))
+    assert len(units) > 100 and all(unit.slice is not None for unit in units)
+    middle = units[len(units) // 2]
+    before = bytes_read()
+    outcome = await run_unit(middle, package, OfflineProvider(), model="", budget=UnitBudget())
+    halves = split_unit(package, middle, floor_tokens=256)
+    read = bytes_read() - before
+    assert outcome.item_count > 0 and halves is not None
+    assert read < 1024 * 1024, f"a slice unit read {read} bytes of an 8 MiB part"
+    # Its bytes are still checked: a change inside the slice is refused, one elsewhere is another unit's.
+    data = bytearray((package / "snapshot" / scan_unit(package, middle)[1][0].path).read_bytes())
+    assert middle.slice is not None
+    data[middle.slice.start] ^= 0x01
+    (package / "snapshot" / scan_unit(package, middle)[1][0].path).write_bytes(bytes(data))
+    with pytest.raises(PackageUnreadable, match="slice"):
+        await run_unit(middle, package, OfflineProvider(), model="", budget=UnitBudget())

@@ -27,9 +27,11 @@ from continuum_merge import store
 from continuum_merge.admission import TreeCut
 from continuum_merge.extraction import (
     AnswerInvalid,
+    AttachmentUnreadable,
     ExtractionSettings,
     HandoffDamaged,
     PackageUnreadable,
+    StorageShort,
     UnitTooLarge,
     verify_handoff,
 )
@@ -255,6 +257,8 @@ def test_snapshot_failures_map_to_a_code_and_an_outcome(error: Exception, code: 
         (AnswerInvalid("bad", unit_id="u"), "PROVIDER_UNAVAILABLE", "paused"),
         (PackageUnreadable("gone"), "PACKAGE_DAMAGED", "paused"),
         (HandoffDamaged("gone"), "PACKAGE_DAMAGED", "paused"),
+        (StorageShort("work/u.json", "ENOSPC"), "DISK_RESERVE", "paused"),
+        (AttachmentUnreadable("r", ("application/zip",)), "RECORD_REQUIRES_HANDLING", "paused"),
     ],
 )
 def test_model_failures_map_to_a_code_and_an_outcome(error: Exception, code: str, outcome: str) -> None:

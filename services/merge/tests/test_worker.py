@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -32,6 +36,21 @@ FAST = {
     "claim_renew_seconds": 1.0,
     "retry_seconds": 0.2,
 }
+
+
+# Opens of unit result files (work/*.json) in this process while a test counts them (audit hook "open").
+opened_results: Counter[str] = Counter()
+counting: list[bool] = []
+
+
+def _count_result_opens(event: str, args: tuple[Any, ...]) -> None:
+    if counting and event == "open" and not isinstance(args[0], int):
+        path = Path(os.fsdecode(args[0]))
+        if path.parent.name == "work" and path.suffix == ".json":
+            opened_results[path.name] += 1
+
+
+sys.addaudithook(_count_result_opens)
 
 
 @pytest.fixture
@@ -247,3 +266,34 @@ async def test_a_unit_that_does_not_fit_is_split_and_its_halves_run_in_its_place
     assert '"childUnitIds":["unit-1.0","unit-1.1"]' in str(units[1][2])
     ready = json.loads((stack.settings.resolved_package_root() / operation_id / "handoff" / "ready.json").read_text())
     assert list(ready) == ["unit-0.json", "unit-1.0.json", "unit-1.1.json", "unit-2.json"]
+
+
+async def test_units_are_read_a_page_at_a_time_and_splits_never_rehash_finished_units(
+    tmp_path: Path, database_url: str
+) -> None:
+    # 30 units in pages of 4; every third one splits, some at a page's last row. Each committed result is
+    # opened once, by the aggregation: the worker does not verify units this run completed itself, and a
+    # split does not start the pass over.
+    pipeline = ScriptedPipeline(units=30, splits={f"unit-{index}" for index in range(0, 30, 3)})
+    overrides = {**FAST, "unit_page_size": 4}
+    async with running_merge(tmp_path, database_url, pipeline=pipeline, overrides=overrides) as stack:
+        opened_results.clear()
+        counting.append(True)
+        try:
+            operation_id = await started(stack)
+            done = await reaches(stack, operation_id, pb.MERGE_STATUS_COMPLETED)
+        finally:
+            counting.clear()
+        units = await rows(
+            stack,
+            "SELECT unit_id, state FROM session_merge_units WHERE operation_id = :o ORDER BY ordinal, unit_id",
+            o=operation_id,
+        )
+    assert done.progress.progress.completed_units == 40
+    completed = [str(unit_id) for unit_id, state in units if state == "completed"]
+    assert len(completed) == 40 and [unit_id for unit_id, state in units if state == "split"] == [
+        f"unit-{index}" for index in range(0, 30, 3)
+    ]
+    assert opened_results == Counter({f"{unit_id}.json": 1 for unit_id in completed})
+    # Every unit that completed ran once (a split parent's one call asked for halves instead).
+    assert all(pipeline.calls[unit_id] == 1 for unit_id in completed)

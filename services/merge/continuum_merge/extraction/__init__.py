@@ -20,9 +20,11 @@ from continuum_merge.extraction.aggregate import HandoffReady, aggregate, verify
 from continuum_merge.extraction.budget import CallPolicy, ExtractionSettings
 from continuum_merge.extraction.errors import (
     AnswerInvalid,
+    AttachmentUnreadable,
     ExtractionError,
     HandoffDamaged,
     PackageUnreadable,
+    StorageShort,
     UnitTooLarge,
 )
 from continuum_merge.extraction.plan import UnitBudget, UnitSpec, plan_units, scan_unit, split_unit
@@ -30,6 +32,7 @@ from continuum_merge.extraction.unit import CallHook, CallRecord, UnitOutcome, r
 
 __all__ = [
     "AnswerInvalid",
+    "AttachmentUnreadable",
     "CallHook",
     "CallPolicy",
     "CallRecord",
@@ -38,6 +41,7 @@ __all__ = [
     "HandoffDamaged",
     "HandoffReady",
     "PackageUnreadable",
+    "StorageShort",
     "UnitBudget",
     "UnitOutcome",
     "UnitSpec",

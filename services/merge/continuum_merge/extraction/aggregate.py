@@ -22,21 +22,23 @@ does not fit (or stays invalid) is bisected like a unit, down to a pack of one i
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import json
 import os
 import shutil
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, BinaryIO
 
 from continuum_merge.extraction.budget import CallPolicy
-from continuum_merge.extraction.errors import HandoffDamaged, PackageUnreadable
+from continuum_merge.extraction.errors import HandoffDamaged, PackageUnreadable, StorageShort
 from continuum_merge.extraction.package import (
     HANDOFF_DIR,
     SNAPSHOT_DIR,
+    STORAGE_ERRNOS,
     WORK_DIR,
     file_sha256,
     fsync_dir,
@@ -83,7 +85,7 @@ class HandoffReady:
 
 async def aggregate(
     package_dir: Path,
-    unit_results: Sequence[Path],
+    unit_results: Iterable[Path] | AsyncIterable[Path],
     provider: ModelProvider,
     *,
     model: str,
@@ -92,17 +94,50 @@ async def aggregate(
     policy: CallPolicy | None = None,
     on_call: CallHook | None = None,
 ) -> HandoffReady:
-    """Build ``handoff/`` from `unit_results` (the units' ``work/`` files, in plan order).
+    """Build ``handoff/`` from `unit_results` (the units' ``work/`` files, in plan order; read one at a
+    time, so an async iterable may page them from the database).
 
     Each result is checked (kind, snapshot, schema) before it is copied. Condensing requests get one
     repair each; a second invalid answer raises AnswerInvalid. Provider failures propagate. File work
     runs in threads; `verify_handoff` does not (call it in one). `on_call` hears of every condensing
     call with its usage (packs answered by an earlier run are reused without a call). Calls are made
-    under `policy` (per-call timeout, attempts and backoff).
+    under `policy` (per-call timeout, attempts and backoff). Out of storage, the staging directory is
+    removed (condensed packs already saved stay) and StorageShort raised.
     """
-    budget = budget or UnitBudget()
-    snapshot_hash, processor_version, counts = await asyncio.to_thread(_prepare, package_dir, unit_results)
+    try:
+        return await _aggregate(
+            package_dir,
+            unit_results,
+            provider,
+            model=model,
+            budget=budget or UnitBudget(),
+            brief_tokens=brief_tokens,
+            policy=policy or CallPolicy(),
+            on_call=on_call,
+        )
+    except (OSError, StorageShort) as exc:
+        if isinstance(exc, OSError) and exc.errno not in STORAGE_ERRNOS:
+            raise
+        await asyncio.to_thread(shutil.rmtree, package_dir / _STAGING, ignore_errors=True)
+        if isinstance(exc, StorageShort):
+            raise
+        raise StorageShort(_STAGING, errno.errorcode.get(exc.errno or 0, str(exc.errno))) from exc
+
+
+async def _aggregate(
+    package_dir: Path,
+    unit_results: Iterable[Path] | AsyncIterable[Path],
+    provider: ModelProvider,
+    *,
+    model: str,
+    budget: UnitBudget,
+    brief_tokens: int,
+    policy: CallPolicy,
+    on_call: CallHook | None,
+) -> HandoffReady:
+    snapshot_hash = await asyncio.to_thread(_prepare, package_dir)
     staging = package_dir / _STAGING
+    processor_version, counts = await _write_details(package_dir, staging, unit_results, snapshot_hash)
     layer: Path | None = None
     layer_tokens = counts.excerpt_tokens
     layer_count = 0
@@ -113,7 +148,7 @@ async def aggregate(
         tokens, dropped = await _condense(
             _layer_entries(staging, layer),
             target,
-            _Asker(provider, budget, package_dir, policy or CallPolicy(), on_call),
+            _Asker(provider, budget, package_dir, policy, on_call),
             f"{snapshot_hash}:L{layer_count + 1}",
         )
         if tokens >= layer_tokens:
@@ -151,15 +186,14 @@ async def aggregate(
     return await asyncio.to_thread(_finish, package_dir, counts, brief, ready)
 
 
-def _prepare(package_dir: Path, unit_results: Sequence[Path]) -> tuple[str, str, _Counts]:
-    """A fresh staging directory with the details written; the snapshot identity and processor version."""
+def _prepare(package_dir: Path) -> str:
+    """A fresh staging directory; the snapshot identity."""
     snapshot_hash = snapshot_identity(package_dir)
     staging = package_dir / _STAGING
     shutil.rmtree(staging, ignore_errors=True)
     for name in ("details", "text", "layers"):
         (staging / name).mkdir(parents=True)
-    processor_version, counts = _write_details(package_dir, staging, unit_results, snapshot_hash)
-    return snapshot_hash, processor_version, counts
+    return snapshot_hash
 
 
 def _finish(package_dir: Path, counts: _Counts, brief: dict[str, Any], ready: dict[str, Any]) -> HandoffReady:
@@ -224,56 +258,84 @@ class _Counts:
     by_source: Counter[tuple[str, str, str]] = field(default_factory=Counter)
 
 
-def _write_details(
-    package_dir: Path, staging: Path, unit_results: Sequence[Path], snapshot_hash: str
+async def _write_details(
+    package_dir: Path, staging: Path, unit_results: Iterable[Path] | AsyncIterable[Path], snapshot_hash: str
 ) -> tuple[str, _Counts]:
-    """Copy and check each unit result; write text/ and details.jsonl. Returns the processor version."""
+    """Copy and check each unit result (one at a time, in a thread); write text/ and details.jsonl.
+    Returns the processor version and the counts."""
     counts = _Counts()
     processor_version = ""
     work = (package_dir / WORK_DIR).resolve()
-    with (staging / "details.jsonl").open("wb") as manifest:
-        for path in unit_results:
-            if path.is_symlink() or path.resolve().parent != work:
-                raise PackageUnreadable("a unit result is not a file in the package's work directory")
-            try:
-                data = path.read_bytes()
-                result = json.loads(data)
-            except (OSError, ValueError) as exc:
-                raise PackageUnreadable(f"unit result {path.name} is unreadable") from exc
-            unit_id = _checked_result(result, snapshot_hash, path.name)
-            if (staging / f"details/{unit_id}.json").exists():
-                raise PackageUnreadable(f"unit result {path.name} is given twice")
-            if processor_version and result["processorVersion"] != processor_version:
-                raise PackageUnreadable("unit results come from different processor versions")
-            processor_version = result["processorVersion"]
-            detail = f"details/{unit_id}.json"
-            (staging / detail).write_bytes(data)
-            lines = []
-            unit_counts: Counter[str] = Counter()
-            for item in result["items"]:
-                lines.append(f"[{item['section']} / {item['status']}] {item['content']} ({item['itemId']})")
-                unit_counts[f"{item['section']}/{item['status']}"] += 1
-                counts.by_section[item["section"], item["status"]] += 1
-                for source in dict.fromkeys(evidence["sessionId"] for evidence in item["evidence"]):
-                    counts.by_source[source, item["section"], item["status"]] += 1
-                counts.excerpt_tokens += _entry_tokens(item["content"])
-            text_path = f"text/{unit_id}.txt"
-            text = ("\n".join(lines) + "\n").encode() if lines else b""
-            (staging / text_path).write_bytes(text)
-            row = {
-                "unitId": unit_id,
-                "ordinal": result["ordinal"],
-                "path": detail,
-                "sha256": _sha256_bytes(data),
-                "textPath": text_path,
-                "textSha256": _sha256_bytes(text),
-                "items": len(result["items"]),
-                "counts": dict(sorted(unit_counts.items())),
-            }
-            manifest.write(json.dumps(row, sort_keys=True).encode() + b"\n")
-            counts.units += 1
-            counts.items += len(result["items"])
+    manifest = await asyncio.to_thread((staging / "details.jsonl").open, "wb")
+    try:
+        async for path in _each(unit_results):
+            processor_version = await asyncio.to_thread(
+                _write_detail, staging, manifest, work, path, snapshot_hash, processor_version, counts
+            )
+    finally:
+        await asyncio.to_thread(manifest.close)
     return processor_version, counts
+
+
+async def _each(paths: Iterable[Path] | AsyncIterable[Path]) -> AsyncIterator[Path]:
+    if isinstance(paths, AsyncIterable):
+        async for path in paths:
+            yield path
+    else:
+        for path in paths:
+            yield path
+
+
+def _write_detail(
+    staging: Path,
+    manifest: BinaryIO,
+    work: Path,
+    path: Path,
+    snapshot_hash: str,
+    processor_version: str,
+    counts: _Counts,
+) -> str:
+    """Copy and check one unit result, add it to `counts` and details.jsonl; its processor version."""
+    if path.is_symlink() or path.resolve().parent != work:
+        raise PackageUnreadable("a unit result is not a file in the package's work directory")
+    try:
+        data = path.read_bytes()
+        result = json.loads(data)
+    except (OSError, ValueError) as exc:
+        raise PackageUnreadable(f"unit result {path.name} is unreadable") from exc
+    unit_id = _checked_result(result, snapshot_hash, path.name)
+    if (staging / f"details/{unit_id}.json").exists():
+        raise PackageUnreadable(f"unit result {path.name} is given twice")
+    if processor_version and result["processorVersion"] != processor_version:
+        raise PackageUnreadable("unit results come from different processor versions")
+    detail = f"details/{unit_id}.json"
+    (staging / detail).write_bytes(data)
+    lines = []
+    unit_counts: Counter[str] = Counter()
+    for item in result["items"]:
+        lines.append(f"[{item['section']} / {item['status']}] {item['content']} ({item['itemId']})")
+        unit_counts[f"{item['section']}/{item['status']}"] += 1
+        counts.by_section[item["section"], item["status"]] += 1
+        for source in dict.fromkeys(evidence["sessionId"] for evidence in item["evidence"]):
+            counts.by_source[source, item["section"], item["status"]] += 1
+        counts.excerpt_tokens += _entry_tokens(item["content"])
+    text_path = f"text/{unit_id}.txt"
+    text = ("\n".join(lines) + "\n").encode() if lines else b""
+    (staging / text_path).write_bytes(text)
+    row = {
+        "unitId": unit_id,
+        "ordinal": result["ordinal"],
+        "path": detail,
+        "sha256": _sha256_bytes(data),
+        "textPath": text_path,
+        "textSha256": _sha256_bytes(text),
+        "items": len(result["items"]),
+        "counts": dict(sorted(unit_counts.items())),
+    }
+    manifest.write(json.dumps(row, sort_keys=True).encode() + b"\n")
+    counts.units += 1
+    counts.items += len(result["items"])
+    return str(result["processorVersion"])
 
 
 def _checked_result(result: Any, snapshot_hash: str, name: str) -> str:

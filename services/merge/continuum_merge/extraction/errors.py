@@ -6,7 +6,15 @@ inside the package and counts only, never history text or model output.
 
 from __future__ import annotations
 
-__all__ = ["AnswerInvalid", "ExtractionError", "HandoffDamaged", "PackageUnreadable", "UnitTooLarge"]
+__all__ = [
+    "AnswerInvalid",
+    "AttachmentUnreadable",
+    "ExtractionError",
+    "HandoffDamaged",
+    "PackageUnreadable",
+    "StorageShort",
+    "UnitTooLarge",
+]
 
 
 class ExtractionError(Exception):
@@ -45,3 +53,34 @@ class UnitTooLarge(ExtractionError):
 
 class HandoffDamaged(ExtractionError):
     """handoff/ is missing a file, or a file does not match the hash ready.json or details.jsonl records."""
+
+
+class StorageShort(ExtractionError):
+    """The disk (or the user's quota) is full, or a file is over the process's size limit, while writing
+    work or handoff files; or free space fell below the reserve before a write.
+
+    The worker pauses, resumable once space is freed: results already committed stay, the file being
+    written is removed (only `path`, inside the package, and the condition are named).
+    """
+
+    def __init__(self, path: str, condition: str) -> None:
+        super().__init__(f"writing {path} failed: {condition}; free disk space (or raise the quota) and resume")
+        self.path = path
+        self.condition = condition
+
+
+class AttachmentUnreadable(ExtractionError):
+    """A user message consists only of attachments of media types nothing here can read: what the user
+    asked for is in them alone, so extraction cannot go on without inventing it.
+
+    The worker pauses (RECORD_REQUIRES_HANDLING); originals and completed units stay. The sealed package
+    is never changed: the user adds a readable description in the source and merges again.
+    """
+
+    def __init__(self, record_ref: str, media_types: tuple[str, ...]) -> None:
+        super().__init__(
+            f"record {record_ref} holds only attachments of unsupported types ({', '.join(media_types)}); "
+            "describe them in a message of the source, then cancel and merge again"
+        )
+        self.record_ref = record_ref
+        self.media_types = media_types

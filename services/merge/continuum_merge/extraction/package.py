@@ -12,7 +12,7 @@ snapshot, in the layout of issue 9 and seed 000 §4.2:
 - ``files.jsonl``: one file per line, each record's files together and in records.jsonl's order:
   ``{"ref", "recordRef", "part", "path", "bytes", "sha256", "kind"}``; ``kind == "text"`` rows are
   UTF-8 parts (``text/<recordRef>-<part>.txt``) in part order; others (``raw``, ``asset``; no part
-  number) are originals never sent to a model.
+  number) are originals never sent to a model; an ``asset`` row also names its ``mediaType``.
 
 Every path comes from a manifest, is checked to stay inside the snapshot (relative, no ``..``, no
 symlink) and every byte read is checked against the recorded size and sha256.
@@ -20,6 +20,7 @@ symlink) and every byte read is checked against the recorded size and sha256.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -29,11 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from continuum_merge.extraction.errors import PackageUnreadable
+from continuum_merge.extraction.errors import PackageUnreadable, StorageShort
 
 __all__ = [
     "HANDOFF_DIR",
     "SNAPSHOT_DIR",
+    "STORAGE_ERRNOS",
     "WORK_DIR",
     "FileRow",
     "RecordRow",
@@ -41,7 +43,9 @@ __all__ = [
     "fsync_dir",
     "iter_files",
     "iter_jsonl",
+    "iter_part_chunks",
     "iter_records",
+    "read_part_range",
     "read_text_part",
     "snapshot_identity",
     "write_atomic",
@@ -55,6 +59,9 @@ _HASH = re.compile(r"[0-9a-f]{64}")
 # One path segment as the program names files: no separators, no leading dot.
 _SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,199}")
 _CHUNK = 1 << 20
+# A write failing with one of these is short of storage (disk full, quota, file size limit), not a bug:
+# the operation pauses until space is freed.
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,8 @@ class FileRow:
     size: int
     sha256: str
     kind: str
+    # An asset's media type as transcript recorded it ("" for raw and text rows).
+    media_type: str = ""
 
 
 def snapshot_identity(package_dir: Path) -> str:
@@ -143,8 +152,8 @@ def iter_files(package_dir: Path, start: int = 0) -> Iterator[tuple[int, FileRow
     """files.jsonl of the sealed snapshot from byte `start` on, with each line's offset; paths checked."""
     path = package_dir / SNAPSHOT_DIR / "files.jsonl"
     for offset, row in iter_jsonl(path, start):
-        ref, record_ref, part, relative, size, sha256, kind = (
-            row.get(key) for key in ("ref", "recordRef", "part", "path", "bytes", "sha256", "kind")
+        ref, record_ref, part, relative, size, sha256, kind, media_type = (
+            row.get(key) for key in ("ref", "recordRef", "part", "path", "bytes", "sha256", "kind", "mediaType")
         )
         if not (
             isinstance(ref, str)
@@ -159,9 +168,10 @@ def iter_files(package_dir: Path, start: int = 0) -> Iterator[tuple[int, FileRow
             and isinstance(sha256, str)
             and _HASH.fullmatch(sha256)
             and isinstance(kind, str)
+            and isinstance(media_type, str | None)
         ):
             raise PackageUnreadable(f"files.jsonl row at byte {offset} is incomplete or names an unsafe path")
-        yield offset, FileRow(ref, record_ref, part or 0, relative, size, sha256, kind)
+        yield offset, FileRow(ref, record_ref, part or 0, relative, size, sha256, kind, media_type or "")
 
 
 def read_text_part(package_dir: Path, relative: str, *, size: int, sha256: str) -> str:
@@ -185,6 +195,46 @@ def read_text_part(package_dir: Path, relative: str, *, size: int, sha256: str) 
         raise PackageUnreadable(f"text part {relative} is not UTF-8") from exc
 
 
+def iter_part_chunks(package_dir: Path, relative: str, *, size: int, sha256: str) -> Iterator[bytes]:
+    """The bytes of the part at `relative`, in chunks of at most 1 MiB, checked against `size` and
+    `sha256` as they are read: PackageUnreadable after the last chunk when they do not match (a caller
+    that acted on earlier chunks must then drop what it made of them)."""
+    path = package_dir / SNAPSHOT_DIR / relative
+    digest = hashlib.sha256()
+    read = 0
+    try:
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(descriptor, "rb") as part:
+            # One byte more than recorded in all, so a grown file is noticed without reading all of it.
+            while read <= size and (chunk := part.read(min(_CHUNK, size + 1 - read))):
+                read += len(chunk)
+                digest.update(chunk)
+                yield chunk
+    except OSError as exc:
+        raise PackageUnreadable(f"text part {relative} unreadable ({type(exc).__name__})") from exc
+    if read != size or digest.hexdigest() != sha256:
+        raise PackageUnreadable(f"text part {relative} does not match its size or sha256 in files.jsonl")
+
+
+def read_part_range(package_dir: Path, relative: str, *, start: int, end: int, sha256: str) -> str:
+    """The text of bytes [start, end) of the part at `relative` (a slice cut on code point boundaries),
+    after checking them against the slice's `sha256`; only those bytes are read."""
+    path = package_dir / SNAPSHOT_DIR / relative
+    try:
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(descriptor, "rb") as part:
+            part.seek(start)
+            data = part.read(end - start)
+    except OSError as exc:
+        raise PackageUnreadable(f"text part {relative} unreadable ({type(exc).__name__})") from exc
+    if len(data) != end - start or hashlib.sha256(data).hexdigest() != sha256:
+        raise PackageUnreadable(f"a slice of text part {relative} does not match its planned sha256")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PackageUnreadable(f"a slice of text part {relative} is not UTF-8 cut on code points") from exc
+
+
 def file_sha256(path: Path) -> str:
     """The sha256 of a file, read in chunks."""
     digest = hashlib.sha256()
@@ -198,13 +248,20 @@ def write_atomic(path: Path, data: bytes) -> str:
     """Write `data` to `path` through a temporary file, fsync and rename; returns its sha256.
 
     A reader sees the old file or the whole new one, never a part; a crash leaves at most a ``.tmp``.
+    Out of storage (`STORAGE_ERRNOS`) the temporary file is removed and StorageShort raised.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
-    with temporary.open("wb") as stream:
-        stream.write(data)
-        stream.flush()
-        os.fsync(stream.fileno())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with temporary.open("wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+    except OSError as exc:
+        if exc.errno not in STORAGE_ERRNOS:
+            raise
+        temporary.unlink(missing_ok=True)
+        raise StorageShort(f"{path.parent.name}/{path.name}", errno.errorcode[exc.errno]) from exc
     os.replace(temporary, path)
     fsync_dir(path.parent)
     return hashlib.sha256(data).hexdigest()

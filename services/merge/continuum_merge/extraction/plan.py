@@ -5,8 +5,9 @@ budget's material tokens (estimates, from the recorded byte sizes). A tool resul
 call before it: when a unit would close between them, the call's parts move to the next unit too
 (when they fit). Each unit after the first repeats a few trailing parts of the one before it as
 context, so a fact split across the boundary is seen whole. A part over the material budget by itself
-is read alone, in consecutive slices of its text (code point ranges) that each fit. Coverage is decided
-by this plan: every extractable part is in exactly one unit's own parts, or in its slices end to end.
+is read alone, in consecutive slices of its text that each fit: byte ranges cut on code point boundaries,
+each with its own sha256, so a slice unit reads and checks only its own bytes. Coverage is decided by
+this plan: every extractable part is in exactly one unit's own parts, or in its slices end to end.
 
 A unit does not hold its parts: it records where they start in files.jsonl and records.jsonl and how
 many there are, so a plan over a long history stays small; `scan_unit` reads them again and checks
@@ -23,10 +24,28 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from continuum_merge.extraction.errors import PackageUnreadable
-from continuum_merge.extraction.package import RecordRow, iter_files, iter_records, read_text_part, snapshot_identity
-from continuum_runtime.provider.tokens import BYTES_PER_TOKEN, estimate_tokens, estimate_tokens_of_bytes
+from continuum_merge.extraction.package import (
+    RecordRow,
+    iter_files,
+    iter_part_chunks,
+    iter_records,
+    read_part_range,
+    read_text_part,
+    snapshot_identity,
+)
+from continuum_runtime.provider.tokens import BYTES_PER_TOKEN, estimate_tokens_of_bytes
 
-__all__ = ["EXTRACT_POLICY", "PartSpec", "UnitBudget", "UnitSpec", "plan_units", "scan_unit", "split_unit"]
+__all__ = [
+    "EXTRACT_POLICY",
+    "PartSlice",
+    "PartSpec",
+    "UnitBudget",
+    "UnitSpec",
+    "plan_units",
+    "read_slice",
+    "scan_unit",
+    "split_unit",
+]
 
 # The records.jsonl processing policy of material sent to a model (others are archived only).
 EXTRACT_POLICY = "extract"
@@ -104,6 +123,56 @@ class PartSpec:
 
 
 @dataclass(frozen=True)
+class PartSlice:
+    """Bytes [start, end) of a part's UTF-8 text, cut on code point boundaries: where its text starts in
+    UTF-16 code units (for evidence ranges) and the sha256 of exactly those bytes (checked when read)."""
+
+    start: int
+    end: int
+    utf16_start: int
+    sha256: str
+
+    @classmethod
+    def of(cls, data: bytes, start: int, utf16_start: int) -> PartSlice:
+        """The slice of `data`, found at byte `start` of its part after `utf16_start` UTF-16 code units."""
+        return cls(start, start + len(data), utf16_start, hashlib.sha256(data).hexdigest())
+
+    def stored(self) -> dict[str, object]:
+        """As the unit's stored input keeps it."""
+        return {"bytes": [self.start, self.end], "utf16Start": self.utf16_start, "sha256": self.sha256}
+
+    @classmethod
+    def from_stored(cls, value: object) -> PartSlice | None:
+        """A stored slice, None when absent; ValueError when malformed."""
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise ValueError("malformed slice")
+        bounds, utf16_start, sha256 = value.get("bytes"), value.get("utf16Start"), value.get("sha256")
+        numbers = [*bounds, utf16_start] if isinstance(bounds, list) and len(bounds) == 2 else []
+        if (
+            not numbers
+            or not all(isinstance(number, int) and not isinstance(number, bool) for number in numbers)
+            or not 0 <= numbers[0] < numbers[1]
+            or numbers[2] < 0
+            or not isinstance(sha256, str)
+        ):
+            raise ValueError("malformed slice")
+        return cls(numbers[0], numbers[1], numbers[2], sha256)
+
+
+def read_slice(package_dir: Path, part: PartSpec, piece: PartSlice | None) -> tuple[str, int]:
+    """The text of `piece` of `part` (all of it when None), checked against its hash, and the UTF-16
+    offset where it starts in the part; only the slice's bytes are read."""
+    if piece is None:
+        return read_text_part(package_dir, part.path, size=part.size, sha256=part.sha256), 0
+    if piece.end > part.size:
+        raise PackageUnreadable(f"a slice of {part.ref} ends past its text")
+    text = read_part_range(package_dir, part.path, start=piece.start, end=piece.end, sha256=piece.sha256)
+    return text, piece.utf16_start
+
+
+@dataclass(frozen=True)
 class UnitSpec:
     """One planned extraction unit. Its id depends only on the snapshot, the inputs and the processor."""
 
@@ -121,14 +190,24 @@ class UnitSpec:
     part_count: int
     first_ref: str
     last_ref: str
-    # A split of a single part: the code points [start, end) of its text this unit reads; None: all of it.
-    slice: tuple[int, int] | None = None
+    # A split of a single part: the slice of its text this unit reads; None: all of it.
+    slice: PartSlice | None = None
+    # Byte offset in files.jsonl of the first row (the raw JSON) of the record of the unit's first part:
+    # where every file row of the unit's records, attachments included, is listed from.
+    record_files_offset: int | None = None
+
+    @property
+    def rows_offset(self) -> int:
+        """Where the files.jsonl rows of the unit's records start (its first part's record's raw row)."""
+        return self.files_offset if self.record_files_offset is None else self.record_files_offset
 
     def input_json(self) -> str:
         """The bounded description stored with the unit row (no text, no part list): with the unit id
         and ordinal, everything `from_stored` needs to rebuild this spec.
         """
-        stored: dict[str, object] = {"slice": list(self.slice)} if self.slice is not None else {}
+        stored: dict[str, object] = {"slice": self.slice.stored()} if self.slice is not None else {}
+        if self.record_files_offset is not None:
+            stored["recordFilesOffset"] = self.record_files_offset
         return json.dumps(
             stored
             | {
@@ -164,29 +243,16 @@ class UnitSpec:
                 part_count=stored["parts"],
                 first_ref=stored["firstRef"],
                 last_ref=stored["lastRef"],
-                slice=_stored_slice(stored.get("slice")),
+                slice=PartSlice.from_stored(stored.get("slice")),
+                record_files_offset=stored.get("recordFilesOffset"),
             )
         except (ValueError, TypeError, KeyError) as exc:
             raise ValueError(f"unit {unit_id} has a malformed stored input") from exc
-        numbers = (spec.files_offset, spec.records_offset, spec.context_count, spec.part_count)
+        numbers = (spec.files_offset, spec.records_offset, spec.context_count, spec.part_count, spec.rows_offset)
         texts = (spec.stage, spec.snapshot_hash, spec.processor_version, spec.input_hash, spec.first_ref, spec.last_ref)
         if not all(isinstance(n, int) and n >= 0 for n in numbers) or not all(isinstance(t, str) for t in texts):
             raise ValueError(f"unit {unit_id} has a malformed stored input")
         return spec
-
-
-def _stored_slice(value: object) -> tuple[int, int] | None:
-    """A stored slice [start, end) of code points, None when absent; ValueError when malformed."""
-    if value is None:
-        return None
-    if (
-        not isinstance(value, list)
-        or len(value) != 2
-        or not all(isinstance(bound, int) and not isinstance(bound, bool) for bound in value)
-        or not 0 <= value[0] < value[1]
-    ):
-        raise ValueError("malformed slice")
-    return value[0], value[1]
 
 
 @dataclass(frozen=True)
@@ -194,14 +260,18 @@ class _Located:
     files_offset: int
     records_offset: int
     part: PartSpec
+    # files.jsonl offset of the part's record's first row (its raw JSON).
+    record_files_offset: int
 
 
-def plan_units(package_dir: Path, *, processor_version: str, budget: UnitBudget) -> list[UnitSpec]:
-    """The extraction units of the sealed snapshot in `package_dir`, in order; the same package, processor
-    version and budget always give the same units. Raises PackageUnreadable when the manifests are bad.
+def plan_units(package_dir: Path, *, processor_version: str, budget: UnitBudget) -> Iterator[UnitSpec]:
+    """The extraction units of the sealed snapshot in `package_dir`, in order, one at a time (the plan of
+    a long history is never held whole: what is kept between units is bounded by the budget's parts);
+    the same package, processor version and budget always give the same units. Raises PackageUnreadable
+    when the manifests are bad (possibly after some units were given).
     """
     snapshot_hash = snapshot_identity(package_dir)
-    units: list[UnitSpec] = []
+    ordinal = 0
     context: list[_Located] = []
     current: list[_Located] = []
     used = 0
@@ -210,15 +280,18 @@ def plan_units(package_dir: Path, *, processor_version: str, budget: UnitBudget)
         if cost > budget.material_tokens:
             # A part over the material budget on its own: closed off alone, in slices that each fit.
             if current:
-                units.append(_unit(len(units), snapshot_hash, processor_version, context, current))
+                yield _unit(ordinal, snapshot_hash, processor_version, context, current)
+                ordinal += 1
             for bounds in _slices(package_dir, located.part, budget):
-                units.append(_unit(len(units), snapshot_hash, processor_version, [], [located], bounds=bounds))
+                yield _unit(ordinal, snapshot_hash, processor_version, [], [located], bounds=bounds)
+                ordinal += 1
             context, current, used = [], [], 0
             continue
         if current and not _fits(used + cost, len(context) + len(current) + 1, budget):
             carried = _carried_call(current, located, cost, budget)
             own = current[: len(current) - len(carried)]
-            units.append(_unit(len(units), snapshot_hash, processor_version, context, own))
+            yield _unit(ordinal, snapshot_hash, processor_version, context, own)
+            ordinal += 1
             context, current = _overlap(own, budget), carried
             used = _tokens(context, budget) + _tokens(current, budget)
             if not _fits(used + cost, len(context) + len(current) + 1, budget):
@@ -227,8 +300,7 @@ def plan_units(package_dir: Path, *, processor_version: str, budget: UnitBudget)
         current.append(located)
         used += cost
     if current:
-        units.append(_unit(len(units), snapshot_hash, processor_version, context, current))
-    return units
+        yield _unit(ordinal, snapshot_hash, processor_version, context, current)
 
 
 def _fits(tokens: int, parts: int, budget: UnitBudget) -> bool:
@@ -274,17 +346,22 @@ def split_unit(
 def _split_part(
     package_dir: Path, spec: UnitSpec, located: _Located, floor_tokens: int
 ) -> tuple[UnitSpec, UnitSpec] | None:
-    """A unit of one part (or one slice of it) cut into two slices, without context, at the middle code
-    point; None when the slice is at most `floor_tokens` estimated tokens."""
-    part = located.part
-    text = read_text_part(package_dir, part.path, size=part.size, sha256=part.sha256)
-    start, end = spec.slice or (0, len(text))
-    if end - start < 2 or estimate_tokens(text[start:end]) <= floor_tokens:
+    """A unit of one part (or one slice of it) cut into two slices, without context, at the code point
+    boundary nearest the middle byte; None when the slice is at most `floor_tokens` estimated tokens or
+    a single code point. Reads only the slice's own bytes."""
+    text, utf16_start = read_slice(package_dir, located.part, spec.slice)
+    data = text.encode()
+    if estimate_tokens_of_bytes(len(data)) <= floor_tokens or len(text) < 2:
         return None
-    middle = (start + end) // 2
+    middle = _boundary(data, len(data) // 2) or _boundary(data, len(data) // 2, forward=True)
+    start = spec.slice.start if spec.slice is not None else 0
+    halves = (
+        PartSlice.of(data[:middle], start, utf16_start),
+        PartSlice.of(data[middle:], start + middle, utf16_start + _utf16_units(data[:middle])),
+    )
     first, second = (
         _unit(spec.ordinal, spec.snapshot_hash, spec.processor_version, [], [located], unit_id=unit_id, bounds=bounds)
-        for unit_id, bounds in ((f"{spec.unit_id}.0", (start, middle)), (f"{spec.unit_id}.1", (middle, end)))
+        for unit_id, bounds in zip((f"{spec.unit_id}.0", f"{spec.unit_id}.1"), halves, strict=True)
     )
     return first, second
 
@@ -295,7 +372,7 @@ def _scan(package_dir: Path, spec: UnitSpec) -> list[_Located]:
         raise PackageUnreadable(f"unit {spec.unit_id} was planned over another snapshot than the one sealed here")
     wanted = spec.context_count + spec.part_count
     parts: list[_Located] = []
-    for located in _extractable(package_dir, spec.files_offset, spec.records_offset):
+    for located in _extractable(package_dir, spec.files_offset, spec.records_offset, spec.rows_offset):
         parts.append(located)
         if len(parts) == wanted:
             break
@@ -304,17 +381,29 @@ def _scan(package_dir: Path, spec: UnitSpec) -> list[_Located]:
     return parts
 
 
-def _extractable(package_dir: Path, files_start: int = 0, records_start: int = 0) -> Iterator[_Located]:
+def _extractable(
+    package_dir: Path, files_start: int = 0, records_start: int = 0, first_rows_at: int | None = None
+) -> Iterator[_Located]:
     """The text parts of records to extract, joined with their records, in files.jsonl order.
 
-    files.jsonl lists a record's parts together and in records.jsonl's order, so both files are read
-    once, side by side; a part naming a record not ahead in records.jsonl means a damaged manifest.
+    files.jsonl lists a record's rows together (raw JSON first) and in records.jsonl's order, so both
+    files are read once, side by side; a part naming a record not ahead in records.jsonl means a
+    damaged manifest. `first_rows_at`: where the rows of the first part's record start, when reading
+    from the middle of a record.
     """
     records = iter_records(package_dir, records_start)
     record: tuple[int, RecordRow] | None = None
+    rows_at: tuple[str | None, int] = (None, files_start if first_rows_at is None else first_rows_at)
     for files_offset, row in iter_files(package_dir, files_start):
+        if row.kind == "raw":
+            rows_at = (row.record_ref, files_offset)
         if row.kind != "text":
             continue
+        if rows_at[0] is None:
+            rows_at = (row.record_ref, rows_at[1])
+        elif rows_at[0] != row.record_ref:
+            # A record without a raw row (not written by this package's snapshot): its first text row.
+            rows_at = (row.record_ref, files_offset)
         while record is None or record[1].record_ref != row.record_ref:
             record = next(records, None)
             if record is None:
@@ -334,7 +423,7 @@ def _extractable(package_dir: Path, files_start: int = 0, records_start: int = 0
             session_id=owner.session_id,
             role=owner.role,
         )
-        yield _Located(files_offset, records_offset, part)
+        yield _Located(files_offset, records_offset, part, rows_at[1])
 
 
 def _carried_call(current: list[_Located], incoming: _Located, cost: int, budget: UnitBudget) -> list[_Located]:
@@ -384,14 +473,21 @@ def _unit(
     own: list[_Located],
     *,
     unit_id: str | None = None,
-    bounds: tuple[int, int] | None = None,
+    bounds: PartSlice | None = None,
 ) -> UnitSpec:
     """The spec of a unit over `context` and `own` (a slice `bounds` of a single own part); its id is
     derived from them unless given (split)."""
     first = context[0] if context else own[0]
     input_hash = _input_hash([located.part for located in [*context, *own]])
     identity = json.dumps(
-        [snapshot_hash, STAGE, processor_version, input_hash, len(context), *([list(bounds)] if bounds else [])],
+        [
+            snapshot_hash,
+            STAGE,
+            processor_version,
+            input_hash,
+            len(context),
+            *([[bounds.start, bounds.end]] if bounds else []),
+        ],
         separators=(",", ":"),
     )
     return UnitSpec(
@@ -408,24 +504,42 @@ def _unit(
         first_ref=own[0].part.ref,
         last_ref=own[-1].part.ref,
         slice=bounds,
+        record_files_offset=first.record_files_offset,
     )
 
 
-def _slices(package_dir: Path, part: PartSpec, budget: UnitBudget) -> list[tuple[int, int]]:
-    """Consecutive code point ranges of the part's text, each within the material budget (in estimated
-    tokens of its UTF-8 bytes)."""
-    text = read_text_part(package_dir, part.path, size=part.size, sha256=part.sha256)
+def _slices(package_dir: Path, part: PartSpec, budget: UnitBudget) -> Iterator[PartSlice]:
+    """Consecutive slices of the part's text, each within the material budget (in estimated tokens of its
+    UTF-8 bytes), cut on code point boundaries; the part is read once, in chunks, and checked whole."""
     limit = (budget.material_tokens - budget.part_overhead_tokens) * BYTES_PER_TOKEN
-    slices: list[tuple[int, int]] = []
-    start, size = 0, 0
-    for index, character in enumerate(text):
-        width = len(character.encode())
-        if size + width > limit and index > start:
-            slices.append((start, index))
-            start, size = index, 0
-        size += width
-    slices.append((start, len(text)))
-    return slices
+    pending = bytearray()
+    start = utf16_start = 0
+    for chunk in iter_part_chunks(package_dir, part.path, size=part.size, sha256=part.sha256):
+        pending += chunk
+        while len(pending) > limit:
+            cut = _boundary(pending, limit)
+            piece = bytes(pending[:cut])
+            yield PartSlice.of(piece, start, utf16_start)
+            start, utf16_start = start + cut, utf16_start + _utf16_units(piece)
+            del pending[:cut]
+    yield PartSlice.of(bytes(pending), start, utf16_start)
+
+
+def _boundary(data: bytes | bytearray, at: int, *, forward: bool = False) -> int:
+    """The code point boundary in `data` at or before byte `at` (after it when `forward`): a UTF-8
+    continuation byte never starts a slice. 0 when there is none before `at`."""
+    step = 1 if forward else -1
+    while 0 < at < len(data) and (data[at] & 0xC0) == 0x80:
+        at += step
+    return at
+
+
+def _utf16_units(data: bytes) -> int:
+    """UTF-16 code units of UTF-8 `data` (PackageUnreadable when it is not UTF-8)."""
+    try:
+        return len(data.decode("utf-8").encode("utf-16-le")) // 2
+    except UnicodeDecodeError as exc:
+        raise PackageUnreadable("a text part is not UTF-8") from exc
 
 
 def _input_hash(parts: list[PartSpec]) -> str:

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from continuum_merge.extraction.attachments import check_attachments
 from continuum_merge.extraction.budget import CallPolicy
 from continuum_merge.extraction.errors import AnswerInvalid, PackageUnreadable, UnitTooLarge
-from continuum_merge.extraction.package import WORK_DIR, file_sha256, read_text_part, write_atomic
-from continuum_merge.extraction.plan import PartSpec, UnitBudget, UnitSpec, scan_unit
+from continuum_merge.extraction.package import WORK_DIR, file_sha256, write_atomic
+from continuum_merge.extraction.plan import PartSlice, PartSpec, UnitBudget, UnitSpec, read_slice, scan_unit
 from continuum_merge.extraction.prompts import extract_request
 from continuum_merge.extraction.schema import SCHEMA_VERSION, AnswerItem, AnswerProblem, parse_answer
 from continuum_runtime.provider import (
@@ -101,12 +102,15 @@ async def run_unit(
     that fails the checks gets one repair request naming the problem; a second failure raises
     AnswerInvalid. UnitTooLarge (byte guards), `ProviderInputTooLarge` and `ProviderOutputTruncated` mean
     the unit must be split (`split_unit`); other `ProviderError`s propagate as they are; a damaged
-    snapshot raises PackageUnreadable. Nothing is written unless the answer is accepted. `on_call`
-    hears of every answered call, also those of a unit that then fails (their usage still counts).
-    Each call is made under `policy` (`complete_patiently`).
+    snapshot raises PackageUnreadable; a user message of unreadable attachments only raises
+    AttachmentUnreadable (before any call); no room to write the result raises StorageShort. Nothing
+    is written unless the answer is accepted. `on_call` hears of every answered call, also those of a
+    unit that then fails (their usage still counts). Each call is made under `policy`
+    (`complete_patiently`).
     """
     budget = budget or UnitBudget()
     context, own = await asyncio.to_thread(scan_unit, package_dir, spec)
+    await asyncio.to_thread(check_attachments, package_dir, spec.rows_offset, own)
     inputs, by_alias = await asyncio.to_thread(_inputs, package_dir, context, own, spec.slice)
     items, completion, calls = await ask_items(
         provider,
@@ -301,21 +305,16 @@ def sum_usage(calls: Sequence[CallRecord]) -> Usage | None:
 
 
 def _inputs(
-    package_dir: Path, context: list[PartSpec], own: list[PartSpec], bounds: tuple[int, int] | None
+    package_dir: Path, context: list[PartSpec], own: list[PartSpec], piece: PartSlice | None
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-    """The request's inputs (text read and verified; only the slice `bounds` of a split single part) and
-    each alias's evidence entry, with the UTF-16 range it covers."""
+    """The request's inputs (text read and verified; only the slice `piece` of a split single part, whose
+    bytes alone are read) and each alias's evidence entry, with the UTF-16 range it covers."""
     inputs: list[dict[str, Any]] = []
     by_alias: dict[str, dict[str, Any]] = {}
     for number, part in enumerate([*context, *own], start=1):
         alias = f"i{number}"
-        whole = read_text_part(package_dir, part.path, size=part.size, sha256=part.sha256)
-        start, end = bounds if bounds is not None else (0, len(whole))
-        if end > len(whole):
-            raise PackageUnreadable(f"a slice of {part.ref} ends past its text")
-        text = whole[start:end]
-        # In UTF-16 code units (what editors and browsers index by).
-        first = len(whole[:start].encode("utf-16-le")) // 2
+        # A slice unit has a single own part and no context.
+        text, first = read_slice(package_dir, part, piece if number > len(context) else None)
         entry: dict[str, Any] = {"alias": alias, "role": part.role, "source": part.session_id, "text": text}
         if number <= len(context):
             entry["context"] = True
@@ -325,6 +324,7 @@ def _inputs(
             "recordRef": part.record_ref,
             "part": part.part,
             "sessionId": part.session_id,
+            # In UTF-16 code units (what editors and browsers index by).
             "utf16": [first, first + len(text.encode("utf-16-le")) // 2],
         }
     return inputs, by_alias
