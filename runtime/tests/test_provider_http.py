@@ -22,6 +22,7 @@ from continuum_runtime.provider import (
     ProviderError,
     ProviderInputTooLarge,
     ProviderOutputTruncated,
+    ProviderQuotaExhausted,
     ProviderRateLimited,
     ProviderRequestRejected,
     ProviderSettings,
@@ -306,6 +307,17 @@ async def test_malformed_success_is_bad_response(
 ) -> None:
     server.script(reply)
     with pytest.raises(ProviderBadResponse, match=detail):
+        await connect().complete(MESSAGES)
+    assert len(server.requests) == 1
+    assert sleeps.calls == []
+
+
+@pytest.mark.parametrize("status", [402, 429])
+async def test_a_spent_quota_is_not_retried(
+    server: FakeModelServer, connect: Connect, sleeps: SleepRecorder, status: int
+) -> None:
+    server.script(json_reply({"error": {"code": "insufficient_quota", "message": "You exceeded your quota"}}, status))
+    with pytest.raises(ProviderQuotaExhausted, match=f"HTTP {status}, code insufficient_quota"):
         await connect().complete(MESSAGES)
     assert len(server.requests) == 1
     assert sleeps.calls == []

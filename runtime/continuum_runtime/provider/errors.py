@@ -14,6 +14,7 @@ __all__ = [
     "ProviderError",
     "ProviderInputTooLarge",
     "ProviderOutputTruncated",
+    "ProviderQuotaExhausted",
     "ProviderRateLimited",
     "ProviderRequestRejected",
     "ProviderUnavailable",
@@ -96,3 +97,10 @@ class ProviderRequestRejected(ProviderError):
     """The provider refused the request for another reason (another 4xx, e.g. an unknown model)."""
 
     reason = "REQUEST_REJECTED"
+
+
+class ProviderQuotaExhausted(ProviderError):
+    """The account's spending quota or billing refused the call (HTTP 402, or a 429 whose error code is
+    ``insufficient_quota``): waiting does not help, raising the quota does. Never retried."""
+
+    reason = "QUOTA_EXHAUSTED"

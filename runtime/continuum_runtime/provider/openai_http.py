@@ -24,6 +24,7 @@ from .errors import (
     ProviderError,
     ProviderInputTooLarge,
     ProviderOutputTruncated,
+    ProviderQuotaExhausted,
     ProviderRateLimited,
     ProviderRequestRejected,
     ProviderUnavailable,
@@ -39,6 +40,8 @@ Sleep = Callable[[float], Awaitable[None]]
 
 _FIRST_BACKOFF_SECONDS = 0.5
 _RETRIED_STATUSES = frozenset({408, 409, 429})
+# The error code OpenAI-compatible servers answer (with 429) when the account's quota is spent.
+_QUOTA_CODE = "insufficient_quota"
 # How servers say "the prompt does not fit": OpenAI's error code, llama.cpp's error type, vLLM's message.
 _CONTEXT_MARKERS = ("context_length_exceeded", "exceed_context_size", "maximum context length")
 
@@ -141,7 +144,7 @@ async def post_chat_completion(
             request_id = headers.get("x-request-id")
             if 200 <= status < 300:
                 return ChatAnswer(status, request_id, _json(content, status, request_id))
-            if not _retried(status):
+            if not _retried(status) or _quota_exhausted(status, content):
                 raise _refusal(status, request_id, content)
             retry_after = parse_retry_after(headers.get("retry-after"))
         if attempt == attempts:
@@ -194,6 +197,11 @@ def _retried(status: int) -> bool:
     return status in _RETRIED_STATUSES or status >= 500
 
 
+def _quota_exhausted(status: int, content: bytes) -> bool:
+    """A 429 that is not a rate limit: OpenAI's out-of-quota answer, which no wait cures."""
+    return status == 429 and _error_fields(content)[0] == _QUOTA_CODE
+
+
 def _exhausted(
     status: int | None,
     headers: httpx.Headers | None,
@@ -220,6 +228,10 @@ def _refusal(status: int, request_id: str | None, content: bytes) -> ProviderErr
     """The error for a status that trying again will not fix."""
     code, detail = _error_fields(content)
     described = f"HTTP {status}" + (f", code {code}" if code else "")
+    if status == 402 or (status == 429 and code == _QUOTA_CODE):
+        return ProviderQuotaExhausted(
+            f"the provider refused for billing or quota ({described})", status=status, request_id=request_id
+        )
     if status in (401, 403):
         return ProviderAuthFailed(
             f"provider refused the credentials ({described})", status=status, request_id=request_id

@@ -18,7 +18,6 @@ import asyncio
 import itertools
 import shutil
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Sequence
-from http import HTTPStatus
 from pathlib import Path
 
 import grpc
@@ -63,6 +62,7 @@ from continuum_runtime.provider import (
     ProviderError,
     ProviderInputTooLarge,
     ProviderOutputTruncated,
+    ProviderQuotaExhausted,
 )
 
 # Recorded with every unit: results of another processor are never reused for this one's units.
@@ -121,11 +121,12 @@ def model_stop(error: Exception) -> StageStop:
             "paused",
         )
     if isinstance(error, ProviderError):
-        if error.status == HTTPStatus.PAYMENT_REQUIRED:
+        if isinstance(error, ProviderQuotaExhausted):
             # The user's own spending quota at the provider (seed 000 §6.3): no cap of ours, and no retry.
             return StageStop(
                 "PROVIDER_UNAVAILABLE",
-                "the model provider refused for billing or quota (HTTP 402); resume once the quota is raised",
+                f"the model provider refused for billing or quota (HTTP {error.status}); resume once the quota"
+                " is raised",
                 "paused",
             )
         if error.retryable or isinstance(error, ProviderBadResponse):

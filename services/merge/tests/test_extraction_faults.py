@@ -251,11 +251,13 @@ async def test_refused_credentials_or_model_configuration_pause_at_once(
     assert len(model.requests) == 1
 
 
+@pytest.mark.parametrize("status", [402, 429], ids=["payment-required", "openai-insufficient-quota"])
 async def test_an_exhausted_spending_quota_pauses_at_once_saying_how_to_resume(
-    stack: MergeStack, model: FakeModelServer
+    stack: MergeStack, model: FakeModelServer, status: int
 ) -> None:
+    # OpenAI answers a spent quota with 429 insufficient_quota: not a rate limit, so not retried.
     operation_id = await one_source(stack)
-    model.script(json_reply({"error": {"code": "insufficient_quota"}}, status=402))
+    model.script(json_reply({"error": {"code": "insufficient_quota", "type": "insufficient_quota"}}, status=status))
     paused = await settled(stack, operation_id)
     assert paused.progress.status == pb.MERGE_STATUS_PAUSED and paused.progress.can_resume
     assert paused.progress.error_code == error_code_pb2.PROVIDER_UNAVAILABLE
