@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import RowMapping, and_, delete, func, or_, select, update
+from sqlalchemy import RowMapping, and_, case, delete, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from continuum_merge.tables import event_cursors, session_merge_attempts, session_merge_units, session_merges
@@ -22,6 +22,8 @@ from continuum_runtime.database import insert_ignoring_conflicts
 PROTOCOL_VERSION = 2
 UNFINISHED = ("preparing", "paused", "failed")
 FIRST_EPOCH = 1
+# The pause of a package that no longer matches its hashes (seed 000 §6.3).
+DAMAGED = "PACKAGE_DAMAGED"
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,7 @@ class Operation:
     error_code: str | None
     error: str | None
     retry_ms: int | None
+    damage_resumes: int
     lease_owner: str | None
     lease_expire_ms: int | None
     create_ms: int
@@ -337,6 +340,11 @@ async def resume(
     values: dict[str, Any] = {
         "status": "preparing",
         "run_epoch": table.c.run_epoch + 1,
+        # Counted only while the package keeps being found damaged (the run after this one decides).
+        "damage_resumes": case(
+            (table.c.error_code == DAMAGED, table.c.damage_resumes + 1),
+            else_=0,
+        ),
         "error_code": None,
         "error": None,
         "retry_ms": None,

@@ -67,6 +67,9 @@ session_merges = Table(
     Column("error_code", String(32), nullable=True),
     Column("error", Text, nullable=True),
     Column("retry_ms", BigInteger, nullable=True),
+    # Consecutive resumes of a PACKAGE_DAMAGED pause: damage still found after one is confirmed
+    # unrecoverable (seed 000 §6.3: paused for diagnosis, failed only once confirmed).
+    Column("damage_resumes", Integer, nullable=False, server_default="0"),
     # The worker lease: which replica works on the operation, until when unless renewed.
     Column("lease_owner", String(256), nullable=True),
     Column("lease_expire_ms", BigInteger, nullable=True),

@@ -559,6 +559,16 @@ class OperationRun:
                 current = await store.load_fenced(connection, self._fence)
             if current is None:
                 return
+            if stop.code == store.DAMAGED and stop.outcome == "paused" and current.damage_resumes > 0:
+                # Paused for diagnosis, resumed, and the package still does not match: the sealed
+                # originals are the only copy (the sources were released at the seal and may have
+                # changed since), so this is confirmed unrecoverable. Only a cancel ends it now.
+                stop = StageStop(
+                    stop.code,
+                    f"{stop.message}; still so after a resume, so it cannot be recovered: cancel the merge and"
+                    " start a new one",
+                    "failed",
+                )
             with contextlib.suppress(MergeError):
                 await self._release_claims()
         now = self._clock.now_ms()

@@ -20,6 +20,7 @@ from stages_testing import FAST, Hold, attempts, merged_sessions, two_sources
 from transcript_testing import all_messages, append, running_transcript, user
 
 from continuum.merge.v1 import error_code_pb2
+from continuum.merge.v1 import merge_service_pb2 as api
 from continuum.merge.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as tapi
@@ -216,17 +217,51 @@ async def test_disk_short_of_the_reserve_pauses_resumably_with_every_source_free
         await stack.run_claim("a")
 
 
-async def test_a_text_part_altered_after_the_seal_pauses_package_damaged(stack: MergeStack, hold: Hold) -> None:
+@pytest.mark.parametrize("repaired", [True, False], ids=["restored-then-resumed", "resumed-still-damaged"])
+async def test_a_text_part_altered_after_the_seal_pauses_package_damaged(
+    stack: MergeStack, hold: Hold, repaired: bool
+) -> None:
+    """Seed 000 §6.3: a hash mismatch pauses for diagnosis; failed only once confirmed unrecoverable,
+    i.e. a resume finds the package still damaged (the sources were released at the seal)."""
     await two_sources(stack.transcript)
     operation_id = (await stack.start(["a", "b"])).operation.progress.operation_id
     await asyncio.wait_for(hold.reached.wait(), 60)
     # Every text part is altered while the first unit waits to commit: the next unit reads one.
+    originals = {}
     for part in (package_of(stack, operation_id) / "snapshot" / "text").iterdir():
-        part.write_bytes(part.read_bytes() + b"tampered")
+        originals[part] = part.read_bytes()
+        part.write_bytes(originals[part] + b"tampered")
     hold.release.set()
-    progress = (await paused(stack, operation_id)).progress
+    operation = await paused(stack, operation_id)
+    progress = operation.progress
     assert progress.error_code == error_code_pb2.PACKAGE_DAMAGED and progress.snapshot_sealed
+    assert progress.can_resume
     assert progress.target_session_id not in {session.session_id for session in await merged_sessions(stack.transcript)}
+
+    if repaired:
+        # The diagnosis found the cause and the operator restored the files: the merge goes on.
+        for part, data in originals.items():
+            part.write_bytes(data)
+    await stack.stub.ResumeMerge(
+        api.ResumeMergeRequest(operation_id=operation_id, expected_epoch=progress.run_epoch), metadata=stack.user()
+    )
+
+    async def settled() -> bool:
+        status = (await stack.get(operation_id)).progress.status
+        return status in (pb.MERGE_STATUS_COMPLETED, pb.MERGE_STATUS_FAILED)
+
+    await eventually(settled, what="the resumed merge to settle", seconds=90)
+    progress = (await stack.get(operation_id)).progress
+    if repaired:
+        assert progress.status == pb.MERGE_STATUS_COMPLETED, progress
+        return
+    assert progress.status == pb.MERGE_STATUS_FAILED, progress
+    assert progress.error_code == error_code_pb2.PACKAGE_DAMAGED
+    assert "cannot be recovered" in progress.error
+    assert not progress.can_resume and progress.can_cancel
+    assert progress.target_session_id not in {session.session_id for session in await merged_sessions(stack.transcript)}
+    await stack.stub.CancelMerge(api.CancelMergeRequest(operation_id=operation_id), metadata=stack.user())
+    assert (await stack.get(operation_id)).progress.status == pb.MERGE_STATUS_CANCELLED
 
 
 @pytest.mark.parametrize(
