@@ -23,12 +23,16 @@ class AgentSettings(ServiceSettings):
     )
 
     port: int = Field(default=50154, ge=0, le=65535)
-    # host:port of transcript and compaction; both accept the same service token.
+    # host:port of transcript, compaction and handoff-read; all accept the same service token.
     transcript_address: str = "127.0.0.1:50151"
     compaction_address: str = "127.0.0.1:50152"
+    # Called only for a HandoffRead tool call, which BuildContext offers for merged sessions alone.
+    handoff_read_address: str = "127.0.0.1:50155"
     # Deadline of one call to transcript or compaction (BuildContext may summarize first: long).
     transcript_timeout_seconds: float = Field(default=30.0, gt=0)
     compaction_timeout_seconds: float = Field(default=600.0, gt=0)
+    # Handoff-read answers within its own 15 s budget; this deadline only covers the way there and back.
+    handoff_read_timeout_seconds: float = Field(default=20.0, gt=0)
 
     # Lease of a turn's RUN claim: a killed agent stops blocking its sessions after this long at most.
     claim_ttl_seconds: float = Field(default=15.0, ge=1, le=3600)

@@ -5,9 +5,10 @@
     for each round:
         context = BuildContext(REQUEST_START first, MID_LOOP at each tool-round boundary: a queued
                                compact-now fires there)
-        reply = model(context)
+        reply = model(context, the agent's tools + the tools the context offers: HandoffRead, merged only)
         OpenAttempt / AppendChunks (as the reply streams) / CommitAttempt(ASSISTANT)
-        no tool calls: done; else run the tools and AppendMessages(TOOL results)
+        no tool calls: done; else run the tools (HandoffRead through handoff-read, for this run id)
+        and AppendMessages(TOOL results)
     ReleaseClaims                                              (always; renewed meanwhile)
 
 Stop is cooperative: it sets the turn's stop event, which ends a model request or a pause between
@@ -32,11 +33,12 @@ from continuum.compaction.v1 import compaction_service_pb2 as capi
 from continuum.transcript.v1 import error_reason_pb2 as transcript_reasons
 from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as tpb
+from continuum_agent import handoff
 from continuum_agent.clients import Upstreams
 from continuum_agent.errors import AgentError
-from continuum_agent.model import AgentModel, Reply
+from continuum_agent.model import AgentModel, Reply, ToolRequest
 from continuum_agent.settings import AgentSettings
-from continuum_agent.tools import Workspace, run_tool
+from continuum_agent.tools import DEFINITIONS, Workspace, run_tool
 from continuum_runtime.clock import Clock
 from continuum_runtime.provider import ProviderError
 
@@ -173,9 +175,12 @@ class TurnLoop:
                 ),
             )
             attempt = fpb.AttemptRef(message_key=f"{turn.run_id}.{round_number}", attempt=1)
+            offered = handoff.model_definitions(context.tool_definitions)
             check_stop(turn)
             try:
-                reply = await until_stopped(turn, self._model.reply(context.system_prompt, list(context.messages)))
+                reply = await until_stopped(
+                    turn, self._model.reply(context.system_prompt, list(context.messages), DEFINITIONS + offered)
+                )
             except ProviderError as error:
                 logger.warning("model failed", extra={"run_id": turn.run_id, "reason": error.reason})
                 reply = Reply([f"The model provider failed ({error.reason}): {error.message}"], [])
@@ -185,7 +190,7 @@ class TurnLoop:
             results = []
             for call in reply.tool_calls:
                 check_stop(turn)
-                output = await asyncio.to_thread(run_tool, turn.workspace, call.name, call.arguments)
+                output = await self._run_tool(turn, call, offered_handoff_read=bool(offered))
                 output = _cap(output, self._settings.tool_result_max_bytes)
                 results.append(
                     tpb.NewMessage(
@@ -204,6 +209,17 @@ class TurnLoop:
         attempt = fpb.AttemptRef(message_key=f"{turn.run_id}.end", attempt=1)
         note = f"Stopped after {self._settings.max_model_rounds} model requests without a final answer."
         await self._stream(turn, attempt, Reply([note], []))
+
+    async def _run_tool(self, turn: Turn, call: ToolRequest, offered_handoff_read: bool) -> str:
+        """One tool call's result; HandoffRead runs only in a round whose context offered it."""
+        if call.name == handoff.HANDOFF_READ and offered_handoff_read:
+            return await until_stopped(
+                turn,
+                handoff.execute(
+                    self._upstreams, turn.user, turn.run_id, call.arguments, self._settings.tool_result_max_bytes
+                ),
+            )
+        return await asyncio.to_thread(run_tool, turn.workspace, call.name, call.arguments)
 
     async def _stream(self, turn: Turn, attempt: fpb.AttemptRef, reply: Reply) -> None:
         """Show the reply as it is written, then store it; a stop in between stores what was shown."""
