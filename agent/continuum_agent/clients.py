@@ -109,6 +109,28 @@ class Upstreams:
         )
         return list(response.message_ids)
 
+    async def latest_messages(
+        self, user: str, session_id: str, before_message_id: int, page_size: int
+    ) -> api.ListMessagePageResponse:
+        """A page of the session's live messages before `before_message_id` (0: the latest), ascending;
+        bodies over transcript's inline limit come as stubs (`body_deferred`)."""
+        request = api.ListMessagePageRequest(
+            session_id=session_id,
+            anchor_message_id=before_message_id,
+            direction=api.PAGE_DIRECTION_OLDER,
+            page_size=page_size,
+        )
+        response: api.ListMessagePageResponse = await self._transcript_call(
+            self._transcript.ListMessagePage, request, user
+        )
+        return response
+
+    async def get_message(self, user: str, session_id: str, message_id: int) -> tpb.Message:
+        """One message, whole."""
+        request = api.GetMessageRequest(session_id=session_id, message_id=message_id)
+        response: api.GetMessageResponse = await self._transcript_call(self._transcript.GetMessage, request, user)
+        return response.message
+
     async def open_attempt(self, user: str, session_id: str, attempt: fpb.AttemptRef) -> None:
         """Open a sampling attempt (its chunks are shown live)."""
         request = api.OpenAttemptRequest(session_id=session_id, attempt=attempt)

@@ -152,3 +152,19 @@ async def running_agent(
         finally:
             await channel.close()
             await service.stop(grace=0)
+
+
+@asynccontextmanager
+async def replica(stack: AgentStack, data_dir: Path, **overrides: object) -> AsyncIterator[AgentStack]:
+    """Another agent process over the same transcript and compaction (a second replica, or the first
+    one restarted), with its own data dir."""
+    settings = agent_settings(
+        data_dir, stack.services.transcript.service.port, stack.services.service.port, **overrides
+    )
+    service = await start(settings)
+    channel = open_channel(f"127.0.0.1:{service.port}")
+    try:
+        yield AgentStack(stack.services, api_grpc.AgentServiceStub(channel), service, settings, stack.workdir)
+    finally:
+        await channel.close()
+        await service.stop(grace=0)
