@@ -285,6 +285,8 @@ def test_the_agent_is_configured_by_its_manifest_and_stops_its_turns_inside_the_
         **{name.removeprefix("AGENT_").lower(): value for name, value in plain.items() if "__" not in name}
     )
     assert settings.port == 50154
+    # Replicas reach each other's turns through transcript (replays, stops fencing the RUN claim).
+    assert agent["spec"]["replicas"] > 1
     assert settings.claim_renew_seconds < settings.claim_ttl_seconds
     # Running turns stop (interrupted answers stored, claims released) before the pod is killed.
     assert settings.shutdown_grace_seconds < agent["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]

@@ -17,6 +17,7 @@ from continuum.compaction.v1 import compaction_service_pb2 as capi
 from continuum.compaction.v1 import compaction_service_pb2_grpc as capi_grpc
 from continuum.handoff_read.v1 import handoff_read_service_pb2 as hapi
 from continuum.handoff_read.v1 import handoff_read_service_pb2_grpc as hapi_grpc
+from continuum.transcript.v1 import error_reason_pb2 as transcript_reasons
 from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as api
@@ -34,6 +35,7 @@ from continuum_runtime.channels import open_channel
 from continuum_runtime.errors import error_details
 
 R = TypeVar("R")
+RUN_NOT_FOUND = transcript_reasons.ErrorReason.Name(transcript_reasons.RUN_NOT_FOUND)
 
 
 class Upstreams:
@@ -100,6 +102,24 @@ class Upstreams:
     async def release_claim(self, user: str, claim_id: str) -> None:
         """Release a claim (releasing an expired one succeeds)."""
         await self._transcript_call(self._transcript.ReleaseClaims, api.ReleaseClaimsRequest(claim_id=claim_id), user)
+
+    async def run_is_live(self, user: str, run_id: str) -> bool:
+        """Whether `run_id` holds an unexpired RUN claim of `user` (transcript's RUN_NOT_FOUND: it does not)."""
+        try:
+            await self._transcript_call(self._transcript.GetRun, api.GetRunRequest(run_id=run_id), user)
+        except UpstreamRefused as refused:
+            if refused.reason == RUN_NOT_FOUND:
+                return False
+            raise
+        return True
+
+    async def release_run(self, user: str, run_id: str) -> bool:
+        """Release the RUN claim run `run_id` holds, whichever process holds it; False when it held none."""
+        request = api.ReleaseHolderClaimsRequest(holder=run_id, kind=tpb.CLAIM_KIND_RUN)
+        response: api.ReleaseHolderClaimsResponse = await self._transcript_call(
+            self._transcript.ReleaseHolderClaims, request, user
+        )
+        return bool(response.claim_ids)
 
     async def append(self, user: str, session_id: str, *messages: tpb.NewMessage) -> list[int]:
         """Append messages in one batch; their ids."""

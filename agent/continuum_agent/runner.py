@@ -1,8 +1,9 @@
 """StartTurn and StopTurn: admit a turn (claim, user message), run it in the background, stop it.
 
-Running turns are known to this process only (the agent keeps nothing persistent): StopTurn reaches a
-turn on the replica that runs it. A repeated client_request_id is answered from memory (the most
-recent `remembered_requests` of this process), else from transcript (`replays`): the user message of
+Running turns are known to this process only (the agent keeps nothing persistent): StopTurn stops a
+turn this process runs directly, and one another replica runs by fencing its RUN claim (`stops`). A
+repeated client_request_id is answered from memory (the most recent `remembered_requests` of this
+process), else from transcript (`replays`): the user message of
 the first call keeps the id, so a retry after a restart, or at another replica, answers the same turn
 instead of appending the message twice. The transcript lookup runs under the session's RUN claim
 (nobody else can start a turn then), or, when a running turn holds the claim, against the message that
@@ -32,6 +33,7 @@ from continuum_agent.errors import (
 )
 from continuum_agent.replays import Lookback, Started, find_started
 from continuum_agent.settings import AgentSettings
+from continuum_agent.stops import stop_elsewhere
 from continuum_agent.tools import Workspace
 from continuum_agent.turn import Turn, TurnLoop
 
@@ -161,10 +163,14 @@ class TurnRunner:
             del self._running[key]
 
     async def stop(self, user: str, session_id: str) -> bool:
-        """Stop the session's running turn and wait until it settled; False when none runs here."""
+        """Stop the session's running turn; False when none runs.
+
+        A turn of this process is waited for until it settled. A turn of another replica is fenced
+        through its claim and settles there at its next renewal or write (`stops`).
+        """
         running = self._running.get((user, session_id))
         if running is None or running[1].done():
-            return False
+            return await stop_elsewhere(self._upstreams, user, session_id)
         turn, task = running
         turn.stop.set()
         await asyncio.wait([task])

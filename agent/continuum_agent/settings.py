@@ -36,8 +36,9 @@ class AgentSettings(ServiceSettings):
 
     # Lease of a turn's RUN claim: a killed agent stops blocking its sessions after this long at most.
     claim_ttl_seconds: float = Field(default=15.0, ge=1, le=3600)
-    # The claim is renewed this often while the turn runs, well inside the lease.
-    claim_renew_seconds: float = Field(default=5.0, gt=0)
+    # The claim is renewed this often while the turn runs, well inside the lease. It is also how soon a
+    # turn that a StopTurn at another replica fenced notices it (writes check the claim at once).
+    claim_renew_seconds: float = Field(default=2.0, gt=0)
     # Model requests of one turn (each followed by a tool round unless the model answers).
     max_model_rounds: int = Field(default=8, ge=1, le=100)
     # Turns this process runs at once (across all sessions).

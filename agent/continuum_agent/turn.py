@@ -14,8 +14,11 @@
 Stop is cooperative: it sets the turn's stop event, which ends a model request or a pause between
 streamed pieces at once and is checked between every two upstream calls (a call to transcript is never
 cut off mid-way, so no write is left half-done). A claim that can no longer be renewed (its lease
-lapsed, or an operator released it) stops the turn the same way. The open attempt is then settled with CancelAttempt
-(what was displayed is stored as interrupted) and the claim released. Logs carry ids and counts only.
+lapsed, an operator released it, or a StopTurn that reached another replica fenced it) stops the turn
+the same way: the claim is renewed every `claim_renew_seconds` and once more right before each commit
+of an answer and each append of tool results, so a fenced turn commits and appends nothing more. The
+open attempt is then settled with CancelAttempt (what was displayed is stored as interrupted) and the
+claim released. Logs carry ids and counts only.
 """
 
 from __future__ import annotations
@@ -152,13 +155,24 @@ class TurnLoop:
         while True:
             await self._clock.sleep(self._settings.claim_renew_seconds)
             try:
-                await self._upstreams.renew_claim(turn.user, turn.claim_id, self._settings.claim_ttl_seconds)
+                await self._hold_claim(turn)
+            except TurnStopped:
+                return
             except AgentError as error:
+                # Transcript unreachable for a moment: the lease outlasts a few missed renewals.
                 logger.warning("claim not renewed", extra={"run_id": turn.run_id, "reason": error.reason})
-                if error.reason == CLAIM_NOT_HELD:
-                    # The lease lapsed or was released: the session is no longer this turn's to write.
-                    turn.stop.set()
-                    return
+
+    async def _hold_claim(self, turn: Turn) -> None:
+        """Renew the claim; `TurnStopped` (and the turn's stop set) when it is no longer held."""
+        try:
+            await self._upstreams.renew_claim(turn.user, turn.claim_id, self._settings.claim_ttl_seconds)
+        except AgentError as error:
+            if error.reason != CLAIM_NOT_HELD:
+                raise
+            # The lease lapsed or the claim was released: the session is no longer this turn's to write.
+            logger.warning("claim not renewed", extra={"run_id": turn.run_id, "reason": error.reason})
+            turn.stop.set()
+            raise TurnStopped from error
 
     async def _rounds(self, turn: Turn) -> None:
         for round_number in range(1, self._settings.max_model_rounds + 1):
@@ -201,6 +215,7 @@ class TurnLoop:
                     )
                 )
             check_stop(turn)
+            await self._hold_claim(turn)
             await self._upstreams.append(turn.user, turn.session_id, *results)
             logger.info(
                 "tool round done", extra={"run_id": turn.run_id, "round": round_number, "tool_calls": len(results)}
@@ -249,6 +264,7 @@ class TurnLoop:
                 metadata=_metadata({"runId": turn.run_id, "model": self._model.name}),
             )
             check_stop(turn)
+            await self._hold_claim(turn)
             await self._upstreams.commit_attempt(turn.user, turn.session_id, attempt, message)
             settled = True
         finally:
