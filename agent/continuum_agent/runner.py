@@ -3,11 +3,10 @@
 Running turns are known to this process only (the agent keeps nothing persistent): StopTurn stops a
 turn this process runs directly, and one another replica runs by fencing its RUN claim (`stops`). A
 repeated client_request_id is answered from memory (the most recent `remembered_requests` of this
-process), else from transcript (`replays`): the user message of
-the first call keeps the id, so a retry after a restart, or at another replica, answers the same turn
-instead of appending the message twice. The transcript lookup runs under the session's RUN claim
-(nobody else can start a turn then), or, when a running turn holds the claim, against the message that
-turn appended before it began.
+process), else from transcript (`replays`): the user message of the first call keeps the id, so a retry
+after a restart, or at another replica, answers the same turn instead of appending the message twice.
+The transcript lookup runs under the session's RUN claim (nobody else can start a turn then), or, when
+a running turn holds the claim, against the message that turn appended before it began.
 """
 
 from __future__ import annotations

@@ -190,6 +190,7 @@ class TurnLoop:
             )
             attempt = fpb.AttemptRef(message_key=f"{turn.run_id}.{round_number}", attempt=1)
             offered = handoff.model_definitions(context.tool_definitions)
+            handoff_offered = any(d["function"]["name"] == handoff.HANDOFF_READ for d in offered)
             check_stop(turn)
             try:
                 reply = await until_stopped(
@@ -204,7 +205,7 @@ class TurnLoop:
             results = []
             for call in reply.tool_calls:
                 check_stop(turn)
-                output = await self._run_tool(turn, call, offered_handoff_read=bool(offered))
+                output = await self._run_tool(turn, call, handoff_offered)
                 output = _cap(output, self._settings.tool_result_max_bytes)
                 results.append(
                     tpb.NewMessage(
@@ -225,9 +226,10 @@ class TurnLoop:
         note = f"Stopped after {self._settings.max_model_rounds} model requests without a final answer."
         await self._stream(turn, attempt, Reply([note], []))
 
-    async def _run_tool(self, turn: Turn, call: ToolRequest, offered_handoff_read: bool) -> str:
-        """One tool call's result; HandoffRead runs only in a round whose context offered it."""
-        if call.name == handoff.HANDOFF_READ and offered_handoff_read:
+    async def _run_tool(self, turn: Turn, call: ToolRequest, handoff_offered: bool) -> str:
+        """One tool call's result; HandoffRead runs only in a round whose context offered it (elsewhere it
+        is an unknown tool, like any name the model made up)."""
+        if call.name == handoff.HANDOFF_READ and handoff_offered:
             return await until_stopped(
                 turn,
                 handoff.execute(
