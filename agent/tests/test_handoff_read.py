@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 from agent_testing import agent_settings
-from compaction_testing import compaction_settings
+from compaction_testing import RecordingProxy, compaction_settings
 from handoff_testing import FAST, completed_merge, running_handoff_read
 from merge_testing import OWNER, MergeStack, running_merge
 from transcript_testing import SERVICE_TOKEN
@@ -45,6 +45,8 @@ class Merged:
     merge: MergeStack
     operation: mpb.MergeOperation
     agent: api_grpc.AgentServiceStub
+    # Between the agent and handoff-read: records the agent's calls, or stages an outage.
+    proxy: RecordingProxy
 
     @property
     def target(self) -> str:
@@ -79,6 +81,9 @@ async def merged(tmp_path: Path, database_url: str) -> AsyncIterator[Merged]:
     async with running_merge(tmp_path, database_url, overrides=FAST) as merge:
         operation = await completed_merge(merge)
         async with running_handoff_read(tmp_path, merge) as (_, handoff_read, _):
+            proxy = RecordingProxy()
+            proxy.target(handoff_read.port)
+            await proxy.start()
             settings = compaction_settings(
                 tmp_path,
                 database_url,
@@ -95,17 +100,18 @@ async def merged(tmp_path: Path, database_url: str) -> AsyncIterator[Merged]:
                     tmp_path,
                     merge.transcript.service.port,
                     compaction.port,
-                    handoff_read_address=f"127.0.0.1:{handoff_read.port}",
+                    handoff_read_address=f"127.0.0.1:{proxy.port}",
                     tool_result_max_bytes=RESULT_MAX_BYTES,
                 )
             )
             channel = open_channel(f"127.0.0.1:{agent.port}")
             try:
-                yield Merged(merge, operation, api_grpc.AgentServiceStub(channel))
+                yield Merged(merge, operation, api_grpc.AgentServiceStub(channel), proxy)
             finally:
                 await channel.close()
                 await agent.stop(grace=0)
                 await compaction.stop(grace=0)
+                await proxy.stop()
 
 
 async def test_a_merged_sessions_turn_calls_handoff_read_for_its_run_and_stores_the_answer(merged: Merged) -> None:
@@ -115,6 +121,14 @@ async def test_a_merged_sessions_turn_calls_handoff_read_for_its_run_and_stores_
     calling = next(m for m in messages if m.role == tpb.MESSAGE_ROLE_ASSISTANT and m.tool_calls)
     [call] = [c for c in calling.tool_calls if c.name == handoff.HANDOFF_READ]
     assert json.loads(call.arguments) == {"action": "list"}
+    # One call, for the run that holds the RUN claim (handoff-read resolves the session from it).
+    [(name, raw)] = merged.proxy.calls
+    sent = hapi.ExecuteHandoffReadRequest.FromString(raw)
+    assert (name, sent.run_id, json.loads(sent.arguments_json)) == (
+        "ExecuteHandoffRead",
+        started.run_id,
+        {"action": "list"},
+    )
     [result] = [m for m in messages if m.role == tpb.MESSAGE_ROLE_TOOL and m.tool_call_id == call.tool_call_id]
     assert result.metadata["runId"] == started.run_id and result.metadata["tool"] == handoff.HANDOFF_READ
     text = message_text(result)
@@ -136,6 +150,20 @@ async def test_a_merged_sessions_turn_calls_handoff_read_for_its_run_and_stores_
     await merged.turn("plain", "Look around")
     plain = await merged.messages("plain")
     assert [c.name for m in plain for c in m.tool_calls] == ["list_directory", "search_text"]
+    assert len(merged.proxy.calls) == 1
+
+
+async def test_an_unreachable_handoff_read_is_a_tool_error_and_the_turn_goes_on(merged: Merged) -> None:
+    merged.proxy.unavailable.add("ExecuteHandoffRead")
+
+    started = await merged.turn(merged.target, "Continue the client work")
+
+    messages = [m for m in await merged.messages(merged.target) if m.message_id >= started.user_message_id]
+    [result] = [m for m in messages if m.role == tpb.MESSAGE_ROLE_TOOL and m.metadata["tool"] == handoff.HANDOFF_READ]
+    assert json.loads(message_text(result))["reason"] == "HANDOFF_READ_UNAVAILABLE"
+    assert messages[-1].role == tpb.MESSAGE_ROLE_ASSISTANT and not messages[-1].tool_calls
+    assert messages[-1].status == tpb.MESSAGE_STATUS_COMPLETE
+    assert "A tool was refused" in message_text(messages[-1])
 
 
 def test_a_large_answer_is_cut_to_the_limit_and_says_what_it_left_out() -> None:
