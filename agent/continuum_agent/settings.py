@@ -56,9 +56,12 @@ class AgentSettings(ServiceSettings):
     # client_request_ids remembered per process for idempotent StartTurn retries.
     remembered_requests: int = Field(default=4096, ge=1)
     # A retry this process does not remember (after a restart, or sent to another replica) is looked up
-    # among the session's latest messages: at most this many messages, and this many USER messages.
-    replay_lookback_messages: int = Field(default=1000, ge=1, le=10_000)
-    replay_lookback_user_messages: int = Field(default=32, ge=1, le=1000)
+    # among the session's latest messages: at most this many messages, and this many USER messages. A
+    # client retries a request until it is answered, so its message is among the newest turns; the
+    # default is one page of transcript's (at most 1 MiB of inline bodies), read on every StartTurn
+    # that carries an id.
+    replay_lookback_messages: int = Field(default=200, ge=1, le=10_000)
+    replay_lookback_user_messages: int = Field(default=8, ge=1, le=1000)
 
     # AGENT_PROVIDER__KIND=openai, AGENT_PROVIDER__BASE_URL=..., etc.; offline by default.
     provider: ProviderSettings = ProviderSettings()

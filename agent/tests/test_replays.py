@@ -8,8 +8,11 @@ from pathlib import Path
 import grpc
 import pytest
 from agent_testing import replica, running_agent
+from compaction_testing import RecordingProxy
+from transcript_testing import append, assistant, user
 
 from continuum.transcript.v1 import resources_pb2 as tpb
+from continuum.transcript.v1 import transcript_service_pb2 as tapi
 from continuum_agent.model import message_text
 from continuum_runtime.errors import error_details
 
@@ -87,3 +90,27 @@ async def test_the_lookup_is_bounded_by_its_lookback(tmp_path: Path, database_ur
             await short.wait_idle("s1")
 
     assert beyond.user_message_id > started.user_message_id
+
+
+async def test_a_long_history_costs_one_page_per_lookup(tmp_path: Path, database_url: str) -> None:
+    async with running_agent(tmp_path, database_url) as first:
+        await first.new_session("s1")
+        transcript = first.services.transcript
+        await append(transcript, "s1", user("an old request"))
+        for batch in range(4):
+            await append(transcript, "s1", *(assistant(f"step {batch}.{n} " + "x" * 2000) for n in range(1000)))
+        proxy = RecordingProxy()
+        proxy.target(transcript.service.port)
+        await proxy.start()
+        try:
+            async with replica(first, tmp_path / "counted", transcript_address=f"127.0.0.1:{proxy.port}") as counted:
+                started = await counted.start_turn("s1", "a new request", client_request_id="req-new")
+                await counted.wait_idle("s1")
+        finally:
+            await proxy.stop()
+
+    pages = [tapi.ListMessagePageRequest.FromString(raw) for name, raw in proxy.calls if name == "ListMessagePage"]
+    # 4,001 messages, not one USER message among the newest 200: one page of 200 read, then a new turn.
+    assert [(page.anchor_message_id, page.page_size) for page in pages] == [(0, 200)]
+    assert not [name for name, _ in proxy.calls if name == "GetMessage"]
+    assert started.user_message_id > 4001

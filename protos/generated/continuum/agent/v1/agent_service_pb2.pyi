@@ -32,7 +32,7 @@ class StartTurnRequest(_message.Message):
     """At most 128 letters, digits or '_.:-'. A retry with the same id (same user, session and text)
     answers what the first call answered and starts nothing: also after an agent restart or at
     another replica, where the first call's user message (which keeps the id in its metadata) is
-    among the session's latest messages (1,000 messages and 32 USER messages by default). The same
+    among the session's latest messages (200 messages and 8 USER messages by default). The same
     id with another text is CLIENT_REQUEST_ID_REUSED; with another session it is recognized only by
     the process that answered it.
     """
