@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic_settings import BaseSettings
 
+from continuum_agent.settings import AgentSettings
 from continuum_cli.main import build_parser
 from continuum_compaction.settings import CompactionSettings
 from continuum_gateway.settings import GatewaySettings
@@ -27,6 +28,7 @@ SETTINGS: dict[str, type[BaseSettings]] = {
     "COMPACTION_": CompactionSettings,
     "MERGE_": MergeSettings,
     "HANDOFF_READ_": HandoffReadSettings,
+    "AGENT_": AgentSettings,
     "GATEWAY_": GatewaySettings,
 }
 # The gRPC services: each signs its page tokens with `<PREFIX>PAGE_TOKEN_SECRET`.
@@ -132,6 +134,10 @@ def test_every_address_names_a_service_port() -> None:
         "GATEWAY_TRANSCRIPT_ADDRESS",
         "GATEWAY_COMPACTION_ADDRESS",
         "GATEWAY_MERGE_ADDRESS",
+        "GATEWAY_AGENT_ADDRESS",
+        "AGENT_TRANSCRIPT_ADDRESS",
+        "AGENT_COMPACTION_ADDRESS",
+        "AGENT_HANDOFF_READ_ADDRESS",
         "COMPACTION_TRANSCRIPT_ADDRESS",
         "MERGE_TRANSCRIPT_ADDRESS",
         "HANDOFF_READ_TRANSCRIPT_ADDRESS",
@@ -187,7 +193,12 @@ def test_service_secrets_come_from_secrets() -> None:
                 if variable["name"].endswith(("_DATABASE_URL", "_SERVICE_TOKEN", "_API_KEY", "_PAGE_TOKEN_SECRET")):
                     assert "value" not in variable, variable["name"]
                     assert variable["valueFrom"]["secretKeyRef"]["name"], variable["name"]
-    for name, prefix in (("compaction", "COMPACTION_"), ("merge", "MERGE_"), ("handoff-read", "HANDOFF_READ_")):
+    for name, prefix in (
+        ("compaction", "COMPACTION_"),
+        ("merge", "MERGE_"),
+        ("handoff-read", "HANDOFF_READ_"),
+        ("agent", "AGENT_"),
+    ):
         [deployment] = _containers(_named("Deployment")[name])
         token = next(v for v in deployment["env"] if v["name"] == f"{prefix}SERVICE_TOKEN")
         # The one service token: transcript's, which the service presents to it.
@@ -263,3 +274,28 @@ def test_handoff_read_mounts_merges_packages_read_only_where_merge_writes_them()
     assert item["key"] in _documented_secret_keys()["handoff-read"]
     # No database: nothing to migrate, no URL.
     assert not [name for name in env if name.endswith("_DATABASE_URL")]
+
+
+def test_the_agent_is_configured_by_its_manifest_and_stops_its_turns_inside_the_grace_period() -> None:
+    agent = _named("Deployment")["agent"]
+    [container] = _containers(agent)
+    plain = {v["name"]: v["value"] for v in container["env"] if "value" in v}
+    # The manifest's values are settings the agent accepts as they stand (renewal inside the lease, ...).
+    settings = AgentSettings(
+        **{name.removeprefix("AGENT_").lower(): value for name, value in plain.items() if "__" not in name}
+    )
+    assert settings.port == 50154
+    # Replicas reach each other's turns through transcript (replays, stops fencing the RUN claim).
+    assert agent["spec"]["replicas"] > 1
+    assert settings.claim_renew_seconds < settings.claim_ttl_seconds
+    # Running turns stop (interrupted answers stored, claims released) before the pod is killed.
+    assert settings.shutdown_grace_seconds < agent["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    # No database: nothing to migrate, no URL; the provider key comes from the agent's Secret.
+    assert not [name for name in plain if name.endswith("_DATABASE_URL")]
+    key = next(v for v in container["env"] if v["name"] == "AGENT_PROVIDER__API_KEY")
+    assert key["valueFrom"]["secretKeyRef"] == {"name": "agent", "key": "AGENT_PROVIDER__API_KEY"}
+    assert "AGENT_PROVIDER__API_KEY" in _documented_secret_keys()["agent"]
+    # The data dir holds run files only.
+    volumes = {v["name"]: v for v in _pod_spec(agent)["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert "emptyDir" in volumes["data"] and mounts["data"] == plain["AGENT_DATA_DIR"]

@@ -48,6 +48,13 @@ class CompactionUnavailable(AgentError):
     reason = "COMPACTION_UNAVAILABLE"
 
 
+class HandoffReadUnavailable(AgentError):
+    """Handoff-read could not be reached; the HandoffRead call's result says so to the model."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "HANDOFF_READ_UNAVAILABLE"
+
+
 class TurnAlreadyRunning(AgentError):
     """A turn of the session is already running in this agent."""
 

@@ -1,8 +1,9 @@
 """The model the loop talks to: history and tool definitions in, text deltas and tool calls out.
 
 Two implementations: `OfflineModel`, a deterministic script that needs no key and no network and does
-one tool round per turn (list the directory, search for the user's longest word, then answer from the
-results), and `OpenAIChatModel`, a client of any OpenAI-compatible chat-completions server with tools.
+one tool round per turn (list the directory, search for the user's longest word, list the merged
+sources' archive with HandoffRead when it is offered, then answer from the results), and
+`OpenAIChatModel`, a client of any OpenAI-compatible chat-completions server with tools.
 Failures are `ProviderError`s of the shared runtime; logs carry statuses and attempts, never text.
 """
 
@@ -19,6 +20,7 @@ import httpx
 
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum_agent import tools
+from continuum_agent.handoff import HANDOFF_READ
 from continuum_runtime.provider import ProviderBadResponse, ProviderOutputTruncated, ProviderSettings
 from continuum_runtime.provider.openai_http import ChatAnswer, post_chat_completion
 
@@ -58,8 +60,11 @@ class AgentModel(Protocol):
         """Which implementation (safe to log)."""
         ...
 
-    async def reply(self, system_prompt: str, history: Sequence[tpb.Message]) -> Reply:
-        """The next answer to `history` (compaction's context, summary first when there is one)."""
+    async def reply(
+        self, system_prompt: str, history: Sequence[tpb.Message], definitions: Sequence[dict[str, Any]]
+    ) -> Reply:
+        """The next answer to `history` (compaction's context, summary first when there is one), with the
+        tools of `definitions` (OpenAI-style) on offer."""
         ...
 
     async def aclose(self) -> None:
@@ -85,7 +90,9 @@ class OfflineModel:
     def __init__(self, delta_seconds: float) -> None:
         self._delta_seconds = delta_seconds
 
-    async def reply(self, system_prompt: str, history: Sequence[tpb.Message]) -> Reply:
+    async def reply(
+        self, system_prompt: str, history: Sequence[tpb.Message], definitions: Sequence[dict[str, Any]]
+    ) -> Reply:
         """See `AgentModel.reply`."""
         last_user = next((m for m in reversed(history) if m.role == tpb.MESSAGE_ROLE_USER), None)
         question = message_text(last_user) if last_user is not None else ""
@@ -99,6 +106,8 @@ class OfflineModel:
             word = _longest_word(question)
             if word:
                 calls.append(ToolRequest("search-1", tools.SEARCH_TEXT, json.dumps({"query": word})))
+            if any(definition["function"]["name"] == HANDOFF_READ for definition in definitions):
+                calls.append(ToolRequest("handoff-1", HANDOFF_READ, json.dumps({"action": "list"})))
             text = "Let me look at the working directory first."
             return Reply(_words(text), calls, self._delta_seconds)
         lines = [_describe(message_text(result)) for result in reversed(results)]
@@ -132,6 +141,9 @@ def _describe(result: str) -> str:
     if "error" in parsed:
         return f"A tool was refused: {str(parsed['error'])[:200]}."
     suffix = " (the result was truncated)" if parsed.get("truncated") else ""
+    if "packageVersion" in parsed:
+        more = "" if parsed.get("complete") else "; there is more to read"
+        return f"The merged sources' archive answered {len(parsed.get('entries', []))} entries{suffix}{more}."
     if "entries" in parsed:
         names = [str(entry.get("name", "")) for entry in parsed["entries"][:8] if isinstance(entry, dict)]
         shown = ", ".join(names) if names else "nothing"
@@ -216,12 +228,14 @@ class OpenAIChatModel:
         """Close the connection pool."""
         await self._client.aclose()
 
-    async def reply(self, system_prompt: str, history: Sequence[tpb.Message]) -> Reply:
+    async def reply(
+        self, system_prompt: str, history: Sequence[tpb.Message], definitions: Sequence[dict[str, Any]]
+    ) -> Reply:
         """See `AgentModel.reply`."""
         body = {
             "model": self._settings.model,
             "messages": chat_messages(system_prompt, history),
-            "tools": tools.DEFINITIONS,
+            "tools": list(definitions),
         }
         answer = await post_chat_completion(
             self._client, self._url, body, self._settings, sleep=self._sleep, provider=self.name

@@ -1,8 +1,12 @@
 """StartTurn and StopTurn: admit a turn (claim, user message), run it in the background, stop it.
 
-Running turns are known to this process only (the agent keeps nothing persistent): StopTurn reaches a
-turn on the replica that runs it. A repeated client_request_id is answered from memory (the most
-recent `remembered_requests` of this process).
+Running turns are known to this process only (the agent keeps nothing persistent): StopTurn stops a
+turn this process runs directly, and one another replica runs by fencing its RUN claim (`stops`). A
+repeated client_request_id is answered from memory (the most recent `remembered_requests` of this
+process), else from transcript (`replays`): the user message of the first call keeps the id, so a retry
+after a restart, or at another replica, answers the same turn instead of appending the message twice.
+The transcript lookup runs under the session's RUN claim (nobody else can start a turn then), or, when
+a running turn holds the claim, against the message that turn appended before it began.
 """
 
 from __future__ import annotations
@@ -16,22 +20,25 @@ from dataclasses import dataclass
 
 from google.protobuf import struct_pb2
 
+from continuum.transcript.v1 import error_reason_pb2 as transcript_reasons
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum_agent.clients import Upstreams
-from continuum_agent.errors import AgentError, ClientRequestIdReused, TooManyTurns, TurnAlreadyRunning
+from continuum_agent.errors import (
+    AgentError,
+    ClientRequestIdReused,
+    TooManyTurns,
+    TurnAlreadyRunning,
+    UpstreamRefused,
+)
+from continuum_agent.replays import Lookback, Started, find_started
 from continuum_agent.settings import AgentSettings
+from continuum_agent.stops import stop_elsewhere
 from continuum_agent.tools import Workspace
 from continuum_agent.turn import Turn, TurnLoop
 
 logger = logging.getLogger("continuum.agent")
-
-
-@dataclass(frozen=True)
-class Started:
-    """What StartTurn answers."""
-
-    run_id: str
-    user_message_id: int
+# Transcript's refusal while another turn holds the session.
+SESSION_ALREADY_RUNNING = transcript_reasons.ErrorReason.Name(transcript_reasons.SESSION_ALREADY_RUNNING)
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,10 @@ class TurnRunner:
     async def _start(self, user: str, session_id: str, text: str, client_request_id: str) -> Started:
         key = (user, session_id)
         if key in self._running or key in self._starting:
+            # This process forgot the request (its memory is bounded) but may still run its turn.
+            replayed = await self._replayed(user, session_id, text, client_request_id)
+            if replayed is not None:
+                return replayed
             raise TurnAlreadyRunning("a turn of this session is already running", metadata={"session_id": session_id})
         if len(self._running) + len(self._starting) >= self._settings.max_running_turns:
             raise TooManyTurns("this agent runs as many turns as it may; retry later")
@@ -91,10 +102,23 @@ class TurnRunner:
         try:
             session = await self._upstreams.get_session(user, session_id)
             run_id = f"run-{uuid.uuid4().hex}"
-            claim_id = await self._upstreams.acquire_run_claim(
-                user, session_id, run_id, self._settings.claim_ttl_seconds
-            )
             try:
+                claim_id = await self._upstreams.acquire_run_claim(
+                    user, session_id, run_id, self._settings.claim_ttl_seconds
+                )
+            except UpstreamRefused as refused:
+                # Perhaps the first call of this very request, still running (here before a restart, or
+                # at another replica): its user message is stored before its turn begins.
+                if client_request_id and refused.reason == SESSION_ALREADY_RUNNING:
+                    replayed = await self._replayed(user, session_id, text, client_request_id)
+                    if replayed is not None:
+                        return replayed
+                raise
+            try:
+                replayed = await self._replayed(user, session_id, text, client_request_id)
+                if replayed is not None:
+                    await asyncio.shield(self._release_quietly(user, claim_id))
+                    return replayed
                 metadata = struct_pb2.Struct()
                 metadata.update(
                     {"runId": run_id, **({"clientRequestId": client_request_id} if client_request_id else {})}
@@ -118,6 +142,16 @@ class TurnRunner:
         logger.info("turn started", extra={"session_id": session_id, "run_id": run_id, "message_id": message_id})
         return Started(run_id, message_id)
 
+    async def _replayed(self, user: str, session_id: str, text: str, client_request_id: str) -> Started | None:
+        """The turn an earlier call with `client_request_id` started, found in transcript."""
+        if not client_request_id:
+            return None
+        lookback = Lookback(self._settings.replay_lookback_messages, self._settings.replay_lookback_user_messages)
+        started = await find_started(self._upstreams, user, session_id, text, client_request_id, lookback)
+        if started is not None:
+            logger.info("turn request replayed", extra={"session_id": session_id, "run_id": started.run_id})
+        return started
+
     async def _release_quietly(self, user: str, claim_id: str) -> None:
         with contextlib.suppress(AgentError):
             await self._upstreams.release_claim(user, claim_id)
@@ -128,10 +162,14 @@ class TurnRunner:
             del self._running[key]
 
     async def stop(self, user: str, session_id: str) -> bool:
-        """Stop the session's running turn and wait until it settled; False when none runs here."""
+        """Stop the session's running turn; False when none runs.
+
+        A turn of this process is waited for until it settled. A turn of another replica is fenced
+        through its claim and settles there at its next renewal or write (`stops`).
+        """
         running = self._running.get((user, session_id))
         if running is None or running[1].done():
-            return False
+            return await stop_elsewhere(self._upstreams, user, session_id)
         turn, task = running
         turn.stop.set()
         await asyncio.wait([task])

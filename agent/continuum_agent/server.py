@@ -22,14 +22,7 @@ FULL_SERVICE_NAME = "continuum.agent.v1.AgentService"
 async def start(settings: AgentSettings, model: AgentModel | None = None, clock: Clock | None = None) -> GrpcService:
     """Start the agent. `model` replaces the configured one; `clock` the system clock (tests)."""
     clock = clock or SystemClock()
-    upstreams = Upstreams(
-        settings.transcript_address,
-        settings.compaction_address,
-        settings.service_token.get_secret_value(),
-        settings.transcript_timeout_seconds,
-        settings.compaction_timeout_seconds,
-        settings.grpc_max_message_bytes,
-    )
+    upstreams = Upstreams(settings)
     model = model or open_model(settings.provider, settings.offline_delta_seconds, settings.chunk_max_chars)
     runner = TurnRunner(settings, upstreams, TurnLoop(settings, upstreams, model, clock))
     servicer = AgentServicer(runner)

@@ -23,17 +23,22 @@ class AgentSettings(ServiceSettings):
     )
 
     port: int = Field(default=50154, ge=0, le=65535)
-    # host:port of transcript and compaction; both accept the same service token.
+    # host:port of transcript, compaction and handoff-read; all accept the same service token.
     transcript_address: str = "127.0.0.1:50151"
     compaction_address: str = "127.0.0.1:50152"
+    # Called only for a HandoffRead tool call, which BuildContext offers for merged sessions alone.
+    handoff_read_address: str = "127.0.0.1:50155"
     # Deadline of one call to transcript or compaction (BuildContext may summarize first: long).
     transcript_timeout_seconds: float = Field(default=30.0, gt=0)
     compaction_timeout_seconds: float = Field(default=600.0, gt=0)
+    # Handoff-read answers within its own 15 s budget; this deadline only covers the way there and back.
+    handoff_read_timeout_seconds: float = Field(default=20.0, gt=0)
 
     # Lease of a turn's RUN claim: a killed agent stops blocking its sessions after this long at most.
     claim_ttl_seconds: float = Field(default=15.0, ge=1, le=3600)
-    # The claim is renewed this often while the turn runs, well inside the lease.
-    claim_renew_seconds: float = Field(default=5.0, gt=0)
+    # The claim is renewed this often while the turn runs, well inside the lease. It is also how soon a
+    # turn that a StopTurn at another replica fenced notices it (writes check the claim at once).
+    claim_renew_seconds: float = Field(default=2.0, gt=0)
     # Model requests of one turn (each followed by a tool round unless the model answers).
     max_model_rounds: int = Field(default=8, ge=1, le=100)
     # Turns this process runs at once (across all sessions).
@@ -50,6 +55,13 @@ class AgentSettings(ServiceSettings):
     tool_result_max_bytes: int = Field(default=64 * 1024, ge=1024, le=4 * 1024 * 1024)
     # client_request_ids remembered per process for idempotent StartTurn retries.
     remembered_requests: int = Field(default=4096, ge=1)
+    # A retry this process does not remember (after a restart, or sent to another replica) is looked up
+    # among the session's latest messages: at most this many messages, and this many USER messages. A
+    # client retries a request until it is answered, so its message is among the newest turns; the
+    # default is one page of transcript's (at most 1 MiB of inline bodies), read on every StartTurn
+    # that carries an id.
+    replay_lookback_messages: int = Field(default=200, ge=1, le=10_000)
+    replay_lookback_user_messages: int = Field(default=8, ge=1, le=1000)
 
     # AGENT_PROVIDER__KIND=openai, AGENT_PROVIDER__BASE_URL=..., etc.; offline by default.
     provider: ProviderSettings = ProviderSettings()

@@ -5,16 +5,20 @@
     for each round:
         context = BuildContext(REQUEST_START first, MID_LOOP at each tool-round boundary: a queued
                                compact-now fires there)
-        reply = model(context)
+        reply = model(context, the agent's tools + the tools the context offers: HandoffRead, merged only)
         OpenAttempt / AppendChunks (as the reply streams) / CommitAttempt(ASSISTANT)
-        no tool calls: done; else run the tools and AppendMessages(TOOL results)
+        no tool calls: done; else run the tools (HandoffRead through handoff-read, for this run id)
+        and AppendMessages(TOOL results)
     ReleaseClaims                                              (always; renewed meanwhile)
 
 Stop is cooperative: it sets the turn's stop event, which ends a model request or a pause between
 streamed pieces at once and is checked between every two upstream calls (a call to transcript is never
 cut off mid-way, so no write is left half-done). A claim that can no longer be renewed (its lease
-lapsed, or an operator released it) stops the turn the same way. The open attempt is then settled with CancelAttempt
-(what was displayed is stored as interrupted) and the claim released. Logs carry ids and counts only.
+lapsed, an operator released it, or a StopTurn that reached another replica fenced it) stops the turn
+the same way: the claim is renewed every `claim_renew_seconds` and once more right before each commit
+of an answer and each append of tool results, so a fenced turn commits and appends nothing more. The
+open attempt is then settled with CancelAttempt (what was displayed is stored as interrupted) and the
+claim released. Logs carry ids and counts only.
 """
 
 from __future__ import annotations
@@ -32,11 +36,12 @@ from continuum.compaction.v1 import compaction_service_pb2 as capi
 from continuum.transcript.v1 import error_reason_pb2 as transcript_reasons
 from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as tpb
+from continuum_agent import handoff
 from continuum_agent.clients import Upstreams
 from continuum_agent.errors import AgentError
-from continuum_agent.model import AgentModel, Reply
+from continuum_agent.model import AgentModel, Reply, ToolRequest
 from continuum_agent.settings import AgentSettings
-from continuum_agent.tools import Workspace, run_tool
+from continuum_agent.tools import DEFINITIONS, Workspace, run_tool
 from continuum_runtime.clock import Clock
 from continuum_runtime.provider import ProviderError
 
@@ -150,13 +155,24 @@ class TurnLoop:
         while True:
             await self._clock.sleep(self._settings.claim_renew_seconds)
             try:
-                await self._upstreams.renew_claim(turn.user, turn.claim_id, self._settings.claim_ttl_seconds)
+                await self._hold_claim(turn)
+            except TurnStopped:
+                return
             except AgentError as error:
+                # Transcript unreachable for a moment: the lease outlasts a few missed renewals.
                 logger.warning("claim not renewed", extra={"run_id": turn.run_id, "reason": error.reason})
-                if error.reason == CLAIM_NOT_HELD:
-                    # The lease lapsed or was released: the session is no longer this turn's to write.
-                    turn.stop.set()
-                    return
+
+    async def _hold_claim(self, turn: Turn) -> None:
+        """Renew the claim; `TurnStopped` (and the turn's stop set) when it is no longer held."""
+        try:
+            await self._upstreams.renew_claim(turn.user, turn.claim_id, self._settings.claim_ttl_seconds)
+        except AgentError as error:
+            if error.reason != CLAIM_NOT_HELD:
+                raise
+            # The lease lapsed or the claim was released: the session is no longer this turn's to write.
+            logger.warning("claim not renewed", extra={"run_id": turn.run_id, "reason": error.reason})
+            turn.stop.set()
+            raise TurnStopped from error
 
     async def _rounds(self, turn: Turn) -> None:
         for round_number in range(1, self._settings.max_model_rounds + 1):
@@ -173,9 +189,13 @@ class TurnLoop:
                 ),
             )
             attempt = fpb.AttemptRef(message_key=f"{turn.run_id}.{round_number}", attempt=1)
+            offered = handoff.model_definitions(context.tool_definitions)
+            handoff_offered = any(d["function"]["name"] == handoff.HANDOFF_READ for d in offered)
             check_stop(turn)
             try:
-                reply = await until_stopped(turn, self._model.reply(context.system_prompt, list(context.messages)))
+                reply = await until_stopped(
+                    turn, self._model.reply(context.system_prompt, list(context.messages), DEFINITIONS + offered)
+                )
             except ProviderError as error:
                 logger.warning("model failed", extra={"run_id": turn.run_id, "reason": error.reason})
                 reply = Reply([f"The model provider failed ({error.reason}): {error.message}"], [])
@@ -185,7 +205,7 @@ class TurnLoop:
             results = []
             for call in reply.tool_calls:
                 check_stop(turn)
-                output = await asyncio.to_thread(run_tool, turn.workspace, call.name, call.arguments)
+                output = await self._run_tool(turn, call, handoff_offered)
                 output = _cap(output, self._settings.tool_result_max_bytes)
                 results.append(
                     tpb.NewMessage(
@@ -196,6 +216,7 @@ class TurnLoop:
                     )
                 )
             check_stop(turn)
+            await self._hold_claim(turn)
             await self._upstreams.append(turn.user, turn.session_id, *results)
             logger.info(
                 "tool round done", extra={"run_id": turn.run_id, "round": round_number, "tool_calls": len(results)}
@@ -204,6 +225,18 @@ class TurnLoop:
         attempt = fpb.AttemptRef(message_key=f"{turn.run_id}.end", attempt=1)
         note = f"Stopped after {self._settings.max_model_rounds} model requests without a final answer."
         await self._stream(turn, attempt, Reply([note], []))
+
+    async def _run_tool(self, turn: Turn, call: ToolRequest, handoff_offered: bool) -> str:
+        """One tool call's result; HandoffRead runs only in a round whose context offered it (elsewhere it
+        is an unknown tool, like any name the model made up)."""
+        if call.name == handoff.HANDOFF_READ and handoff_offered:
+            return await until_stopped(
+                turn,
+                handoff.execute(
+                    self._upstreams, turn.user, turn.run_id, call.arguments, self._settings.tool_result_max_bytes
+                ),
+            )
+        return await asyncio.to_thread(run_tool, turn.workspace, call.name, call.arguments)
 
     async def _stream(self, turn: Turn, attempt: fpb.AttemptRef, reply: Reply) -> None:
         """Show the reply as it is written, then store it; a stop in between stores what was shown."""
@@ -233,6 +266,7 @@ class TurnLoop:
                 metadata=_metadata({"runId": turn.run_id, "model": self._model.name}),
             )
             check_stop(turn)
+            await self._hold_claim(turn)
             await self._upstreams.commit_attempt(turn.user, turn.session_id, attempt, message)
             settled = True
         finally:

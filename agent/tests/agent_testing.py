@@ -6,6 +6,8 @@ The agent runs its configured model (the offline script) unless a test hands it 
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -152,3 +154,63 @@ async def running_agent(
         finally:
             await channel.close()
             await service.stop(grace=0)
+
+
+@asynccontextmanager
+async def replica(stack: AgentStack, data_dir: Path, **overrides: object) -> AsyncIterator[AgentStack]:
+    """Another agent process over the same transcript and compaction (a second replica, or the first
+    one restarted), with its own data dir."""
+    settings = agent_settings(
+        data_dir, stack.services.transcript.service.port, stack.services.service.port, **overrides
+    )
+    service = await start(settings)
+    channel = open_channel(f"127.0.0.1:{service.port}")
+    try:
+        yield AgentStack(stack.services, api_grpc.AgentServiceStub(channel), service, settings, stack.workdir)
+    finally:
+        await channel.close()
+        await service.stop(grace=0)
+
+
+def _read_port(path: Path) -> int | None:
+    return int(path.read_text()) if path.exists() else None
+
+
+async def _published_port(path: Path, process: asyncio.subprocess.Process) -> int:
+    for _ in range(600):
+        port = await asyncio.to_thread(_read_port, path)
+        if port is not None:
+            return port
+        assert process.returncode is None, "the agent exited while starting"
+        await asyncio.sleep(0.05)
+    raise AssertionError("the agent did not publish its port")
+
+
+@asynccontextmanager
+async def agent_process(
+    services: Stack, data_dir: Path, workdir: Path, **environment: str
+) -> AsyncIterator[tuple[AgentStack, asyncio.subprocess.Process]]:
+    """`python -m continuum_agent serve` in a process of its own over `services`; `environment` adds
+    AGENT_* variables. Killed at the end if it still runs."""
+    variables = {
+        **os.environ,
+        "AGENT_PORT": "0",
+        "AGENT_DATA_DIR": str(data_dir),
+        "AGENT_SERVICE_TOKEN": SERVICE_TOKEN,
+        "AGENT_TRANSCRIPT_ADDRESS": f"127.0.0.1:{services.transcript.service.port}",
+        "AGENT_COMPACTION_ADDRESS": f"127.0.0.1:{services.service.port}",
+        **environment,
+    }
+    process = await asyncio.create_subprocess_exec(sys.executable, "-m", "continuum_agent", "serve", env=variables)
+    try:
+        port = await _published_port(data_dir / "run" / "agent.port", process)
+        channel = open_channel(f"127.0.0.1:{port}")
+        try:
+            # No in-process service or settings: the process is reached through its stub only.
+            yield AgentStack(services, api_grpc.AgentServiceStub(channel), None, None, workdir), process  # type: ignore[arg-type]
+        finally:
+            await channel.close()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await asyncio.wait_for(process.wait(), 10)

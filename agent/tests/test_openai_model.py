@@ -13,6 +13,7 @@ from model_server_testing import MODEL, FakeModelServer, Reply, json_reply
 
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum_agent.model import OpenAIChatModel, message_text
+from continuum_agent.tools import DEFINITIONS
 from continuum_runtime.provider import ProviderBadResponse, ProviderInputTooLarge, ProviderSettings
 
 API_KEY = "sk-PRIVATE-test-key"
@@ -120,10 +121,10 @@ async def test_an_oversized_answer_is_refused_unread_and_a_refusal_is_classified
     try:
         server.script(answer_reply("x" * (4 * 1024 * 1024)))
         with pytest.raises(ProviderBadResponse, match="over 65536 bytes"):
-            await model.reply("", history)
+            await model.reply("", history, DEFINITIONS)
         server.script(json_reply({"error": {"code": "context_length_exceeded", "message": "too long"}}, status=400))
         with pytest.raises(ProviderInputTooLarge):
-            await model.reply("", history)
+            await model.reply("", history, DEFINITIONS)
     finally:
         await model.aclose()
     assert len(server.requests) == 2

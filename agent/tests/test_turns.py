@@ -7,6 +7,7 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -203,12 +204,14 @@ class GatedModel:
         self.waiting = asyncio.Event()
         self.calls = 0
 
-    async def reply(self, system_prompt: str, history: Sequence[tpb.Message]) -> Reply:
+    async def reply(
+        self, system_prompt: str, history: Sequence[tpb.Message], definitions: Sequence[dict[str, Any]]
+    ) -> Reply:
         self.calls += 1
         if self.calls == 3:
             self.waiting.set()
             await self.gate.wait()
-        return await self.inner.reply(system_prompt, history)
+        return await self.inner.reply(system_prompt, history, definitions)
 
     async def aclose(self) -> None:
         return None

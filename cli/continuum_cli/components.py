@@ -106,12 +106,13 @@ COMPONENTS: tuple[Component, ...] = (
         migrates=True,
         cleans_up=True,
     ),
-    # The reference agent runtime: a client of transcript and compaction that runs users' turns.
+    # The reference agent runtime: a client of transcript and compaction that runs users' turns, and of
+    # handoff-read for the HandoffRead calls of merged sessions.
     Component(
         "agent",
         ("continuum_agent", "serve"),
         "AGENT_",
-        depends_on=("transcript", "compaction"),
+        depends_on=("transcript", "handoff-read", "compaction"),
         default_port=50154,
     ),
     Component(

@@ -143,7 +143,7 @@ def test_the_table_starts_the_services_then_the_gateway_that_needs_them() -> Non
     assert (agent.name, agent.argv, agent.env_prefix) == ("agent", ("continuum_agent", "serve"), "AGENT_")
     assert (agent.protocol, agent.depends_on, agent.default_port) == (
         Protocol.GRPC,
-        ("transcript", "compaction"),
+        ("transcript", "handoff-read", "compaction"),
         50154,
     )
     assert not agent.dev_token and not agent.migrates and not agent.signs_page_tokens

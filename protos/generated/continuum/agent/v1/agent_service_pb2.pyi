@@ -30,7 +30,11 @@ class StartTurnRequest(_message.Message):
     """The user's message: 1 to 1,000,000 characters."""
     client_request_id: _builtins.str
     """At most 128 letters, digits or '_.:-'. A retry with the same id (same user, session and text)
-    answers what the first call answered and starts nothing.
+    answers what the first call answered and starts nothing: also after an agent restart or at
+    another replica, where the first call's user message (which keeps the id in its metadata) is
+    among the session's latest messages (200 messages and 8 USER messages by default). The same
+    id with another text is CLIENT_REQUEST_ID_REUSED; with another session it is recognized only by
+    the process that answered it.
     """
     def __init__(
         self,

@@ -66,7 +66,10 @@ class AgentServiceServicer:
 
     def StopTurn(self, request, context):
         """Stops the session's running turn: the answer displayed so far is stored as interrupted and the
-        claim released. `stopped` is false when no turn of the session runs in this agent.
+        claim released. `stopped` is false when no turn of the session runs. A turn this replica runs has
+        settled when the call returns; a turn another replica runs is fenced (its RUN claim released) and
+        settles there at its next claim renewal or write, whichever comes first (2 s at most by default),
+        committing and appending nothing more.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -43,7 +43,10 @@ class AgentServiceStub:
     """
     StopTurn: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.StopTurnRequest, _agent_service_pb2.StopTurnResponse]
     """Stops the session's running turn: the answer displayed so far is stored as interrupted and the
-    claim released. `stopped` is false when no turn of the session runs in this agent.
+    claim released. `stopped` is false when no turn of the session runs. A turn this replica runs has
+    settled when the call returns; a turn another replica runs is fenced (its RUN claim released) and
+    settles there at its next claim renewal or write, whichever comes first (2 s at most by default),
+    committing and appending nothing more.
     """
 
 @_typing.type_check_only
@@ -61,7 +64,10 @@ class AgentServiceAsyncStub(AgentServiceStub):
     """
     StopTurn: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.StopTurnRequest, _agent_service_pb2.StopTurnResponse]  # type: ignore[assignment]
     """Stops the session's running turn: the answer displayed so far is stored as interrupted and the
-    claim released. `stopped` is false when no turn of the session runs in this agent.
+    claim released. `stopped` is false when no turn of the session runs. A turn this replica runs has
+    settled when the call returns; a turn another replica runs is fenced (its RUN claim released) and
+    settles there at its next claim renewal or write, whichever comes first (2 s at most by default),
+    committing and appending nothing more.
     """
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -88,7 +94,10 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_agent_service_pb2.StopTurnResponse, _abc.Awaitable[_agent_service_pb2.StopTurnResponse]]:
         """Stops the session's running turn: the answer displayed so far is stored as interrupted and the
-        claim released. `stopped` is false when no turn of the session runs in this agent.
+        claim released. `stopped` is false when no turn of the session runs. A turn this replica runs has
+        settled when the call returns; a turn another replica runs is fenced (its RUN claim released) and
+        settles there at its next claim renewal or write, whichever comes first (2 s at most by default),
+        committing and appending nothing more.
         """
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%continuum/agent/v1/error_reason.proto\x12\x12\x63ontinuum.agent.v1*\x85\x02\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x14\n\x10INVALID_ARGUMENT\x10\x01\x12\x13\n\x0fUNAUTHENTICATED\x10\x02\x12\x18\n\x14\x41\x43TING_USER_REQUIRED\x10\x03\x12\x0c\n\x08INTERNAL\x10\x04\x12\x1a\n\x16TRANSCRIPT_UNAVAILABLE\x10\n\x12\x1b\n\x17SESSION_ALREADY_RUNNING\x10\x0b\x12\x1c\n\x18\x43LIENT_REQUEST_ID_REUSED\x10\x0c\x12\x12\n\x0eTOO_MANY_TURNS\x10\r\x12\x1a\n\x16\x43OMPACTION_UNAVAILABLE\x10\x0e\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%continuum/agent/v1/error_reason.proto\x12\x12\x63ontinuum.agent.v1*\xa3\x02\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x14\n\x10INVALID_ARGUMENT\x10\x01\x12\x13\n\x0fUNAUTHENTICATED\x10\x02\x12\x18\n\x14\x41\x43TING_USER_REQUIRED\x10\x03\x12\x0c\n\x08INTERNAL\x10\x04\x12\x1a\n\x16TRANSCRIPT_UNAVAILABLE\x10\n\x12\x1b\n\x17SESSION_ALREADY_RUNNING\x10\x0b\x12\x1c\n\x18\x43LIENT_REQUEST_ID_REUSED\x10\x0c\x12\x12\n\x0eTOO_MANY_TURNS\x10\r\x12\x1a\n\x16\x43OMPACTION_UNAVAILABLE\x10\x0e\x12\x1c\n\x18HANDOFF_READ_UNAVAILABLE\x10\x0f\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,5 +32,5 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'continuum.agent.v1.error_re
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ERRORREASON']._serialized_start=62
-  _globals['_ERRORREASON']._serialized_end=323
+  _globals['_ERRORREASON']._serialized_end=353
 # @@protoc_insertion_point(module_scope)

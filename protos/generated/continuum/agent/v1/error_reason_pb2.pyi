@@ -41,6 +41,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """RESOURCE_EXHAUSTED: this agent runs as many turns as it is configured to."""
     COMPACTION_UNAVAILABLE: _ErrorReason.ValueType  # 14
     """UNAVAILABLE: compaction could not be reached (a turn's context could not be built)."""
+    HANDOFF_READ_UNAVAILABLE: _ErrorReason.ValueType  # 15
+    """UNAVAILABLE: handoff-read could not be reached. Never a call's status: a HandoffRead tool call's
+    result carries it to the model, and the turn goes on.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Why an agent call failed: the `reason` of the google.rpc.ErrorInfo detail, with domain
@@ -68,4 +72,8 @@ TOO_MANY_TURNS: ErrorReason.ValueType  # 13
 """RESOURCE_EXHAUSTED: this agent runs as many turns as it is configured to."""
 COMPACTION_UNAVAILABLE: ErrorReason.ValueType  # 14
 """UNAVAILABLE: compaction could not be reached (a turn's context could not be built)."""
+HANDOFF_READ_UNAVAILABLE: ErrorReason.ValueType  # 15
+"""UNAVAILABLE: handoff-read could not be reached. Never a call's status: a HandoffRead tool call's
+result carries it to the model, and the turn goes on.
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
