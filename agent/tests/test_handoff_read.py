@@ -34,7 +34,6 @@ from continuum_runtime.auth import call_metadata
 from continuum_runtime.channels import open_channel
 
 # What handoff-read answers today once the binding verified: its package reader is not wired in yet.
-READING_UNIMPLEMENTED = "HANDOFF_READING_UNIMPLEMENTED"
 RESULT_MAX_BYTES = 4096
 
 
@@ -134,13 +133,12 @@ async def test_a_merged_sessions_turn_calls_handoff_read_for_its_run_and_stores_
     text = message_text(result)
     assert len(text.encode()) <= RESULT_MAX_BYTES
     answer = json.loads(text)
-    # Holds for both states of handoff-read: today it verifies the binding of the agent's run (a wrong
-    # run or session would be RUN_NOT_FOUND / HANDOFF_NOT_BOUND) and refuses to read; once its reader is
-    # wired in, the answer is the package's directory. The lead tightens this to the second branch then.
-    if "reason" in answer:
-        assert answer["reason"] == READING_UNIMPLEMENTED and answer["error"]
-    else:
-        assert answer["entries"] and isinstance(answer["complete"], bool) and answer["packageVersion"]
+    # The binding of the agent's own run verified (a wrong run or session would be RUN_NOT_FOUND /
+    # HANDOFF_NOT_BOUND), and the answer is the package's directory: both merged sources among it.
+    assert "reason" not in answer, answer
+    assert answer["complete"] is True and answer["packageVersion"]
+    assert len([entry for entry in answer["entries"] if entry["kind"] == "source"]) == 2
+    assert "archive answered" in message_text(messages[-1])
     # The model read the result and answered; the turn ended normally.
     assert messages[-1].role == tpb.MESSAGE_ROLE_ASSISTANT and not messages[-1].tool_calls
     assert messages[-1].status == tpb.MESSAGE_STATUS_COMPLETE
