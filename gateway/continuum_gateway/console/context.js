@@ -125,7 +125,7 @@ export class ContextTab {
       ? h("ul", { class: "chips", "aria-label": "Memory entries in the last request" }, ids.map((id) => h("li", { class: "chip" }, id)))
       : h("p", { class: "note" }, "No memory entries were in the last request.");
     const toggle = h("input", { type: "checkbox", id: "memory-switch", role: "switch", checked: !this.session.memoryInjectionDisabled });
-    const status = h("span", { class: "note", role: "status" });
+    const status = h("span", { class: "note", role: "status" }, this.memoryStatus || "");
     toggle.onchange = async () => {
       toggle.disabled = true;
       try {
@@ -134,14 +134,13 @@ export class ContextTab {
           body: { memoryInjectionDisabled: !toggle.checked },
         });
         this.session = answer.session;
+        this.memoryStatus = toggle.checked ? "Memory injection is on." : "Memory injection is off.";
         this.onSessionChanged(answer.session);
-        status.textContent = toggle.checked ? "Memory injection is on." : "Memory injection is off.";
       } catch (error) {
-        toggle.checked = !toggle.checked;
-        status.textContent = explain(error);
-      } finally {
-        toggle.disabled = false;
+        this.memoryStatus = explain(error);
       }
+      // Redrawn from the session as the server now has it.
+      this.render();
     };
     return h("div", {}, chips,
       h("div", { class: "switch-row" }, toggle, h("label", { for: "memory-switch" }, "Inject memory into this session")),
