@@ -80,7 +80,7 @@ export class ContextTab {
   }
 
   render() {
-    const running = ["RUN_STATE_RUNNING", "RUN_STATE_WAITING"].includes(this.store.runtimeState.state);
+    const running = !!this.running;
     this.panel.replaceChildren(
       h("h3", {}, "Last model request"),
       this.#sections(),

@@ -240,8 +240,8 @@ function renderHead() {
 function renderRunState() {
   const open = state.open;
   if (!open) return;
-  const run = open.store.runtimeState.state;
-  const running = run === "RUN_STATE_RUNNING" || run === "RUN_STATE_WAITING";
+  const running = isRunning(open);
+  open.context.running = running;
   const connected = open.connection === "live";
   let text = running ? "Agent is running" : "Idle";
   // A lost connection says nothing about the turn: it goes on (or ends) on the server.
@@ -254,6 +254,24 @@ function renderRunState() {
     open.wasRunning = running;
     open.context.render();
   }
+}
+
+/**
+ * Whether a turn runs: the runtime state when the runtime publishes one, an attempt streaming, or a turn
+ * this page started whose answer (an assistant message without tool calls, or an interrupted one) has
+ * not arrived yet.
+ */
+function isRunning(open) {
+  const run = open.store.runtimeState.state;
+  if (run === "RUN_STATE_RUNNING" || run === "RUN_STATE_WAITING" || open.store.prefixes.size > 0) return true;
+  if (open.startedTurn) {
+    const ended = [...open.store.messages.values()].some((m) =>
+      Number(m.messageId) > open.startedTurn && m.role === "MESSAGE_ROLE_ASSISTANT" &&
+      (!(m.toolCalls || []).length || m.status === "MESSAGE_STATUS_INTERRUPTED"));
+    if (!ended) return true;
+    open.startedTurn = 0;
+  }
+  return false;
 }
 
 async function locate(id) {
@@ -335,10 +353,12 @@ function wire() {
     $("send").disabled = true;
     $("composer-error").textContent = "";
     try {
-      await call("POST", `/v1/sessions/${encodeURIComponent(open.session.sessionId)}/turns`, {
+      const started = await call("POST", `/v1/sessions/${encodeURIComponent(open.session.sessionId)}/turns`, {
         body: { text: text.value, clientRequestId: newId() },
       });
+      open.startedTurn = Number(started.userMessageId);
       text.value = "";
+      renderRunState();
       if (open.view.window) open.view.backToLive();
     } catch (error) {
       $("composer-error").textContent = explain(error);
@@ -351,6 +371,9 @@ function wire() {
     $("stop").disabled = true;
     try {
       await call("POST", `/v1/sessions/${encodeURIComponent(open.session.sessionId)}/turns:stop`);
+      // Answered once the turn settled (or when none ran): either way no turn of ours is running now.
+      open.startedTurn = 0;
+      renderRunState();
     } catch (error) {
       $("composer-error").textContent = explain(error);
     } finally {
