@@ -309,7 +309,7 @@ def test_the_console_reconnects_after_the_gateway_restarts_and_the_seed_is_not_r
     # And the reconnected view is live: a new turn streams in.
     page.fill("#composer-text", "Are we connected again?")
     page.keyboard.press("Enter")
-    page.wait_for_selector("text=You asked: \"Are we connected again?\"", timeout=60_000)
+    page.wait_for_selector('text=You asked: "Are we connected again?"', timeout=60_000)
     shot(page, "12-reconnected")
 
 

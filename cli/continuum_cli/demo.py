@@ -46,7 +46,9 @@ PROJECT_FILES: Mapping[str, str] = {
         "export function profileCard(profile) {\n  return `<h2>${profile.name}</h2>`;\n}\n\n"
         "export function mention(profile) {\n  return `@${profile.name}`;\n}\n"
     ),
-    "web/settings.js": "export const fields = [\n  { key: 'name', label: 'Name' },\n  { key: 'email', label: 'Email' },\n];\n",
+    "web/settings.js": (
+        "export const fields = [\n  { key: 'name', label: 'Name' },\n  { key: 'email', label: 'Email' },\n];\n"
+    ),
 }
 
 _BACKEND_STEPS = [
@@ -123,7 +125,10 @@ def _truncated_turn() -> list[dict[str, Any]]:
     result = _tool_result("search_text", {"query": "e"})
     result["truncated"] = True
     return [
-        {"role": "MESSAGE_ROLE_USER", "content": [{"text": "Search every file for the letter e, to see what is left."}]},
+        {
+            "role": "MESSAGE_ROLE_USER",
+            "content": [{"text": "Search every file for the letter e, to see what is left."}],
+        },
         {
             "role": "MESSAGE_ROLE_ASSISTANT",
             "content": [{"text": "That matches nearly everything; the search will be cut short."}],

@@ -204,9 +204,7 @@ class Supervisor:
 
     def _entry(self) -> Child | None:
         """The browser-facing component (the gateway), if this run has one."""
-        return next(
-            (c for c in self.children if c.component.protocol is Protocol.HTTP and c.component.dev_token), None
-        )
+        return next((c for c in self.children if c.component.protocol is Protocol.HTTP and c.component.dev_token), None)
 
     def _seed(self, dev_token: str) -> None:
         """The demo workspace, through the gateway; a failure is reported and the run goes on."""

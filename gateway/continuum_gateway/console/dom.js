@@ -1,4 +1,4 @@
-// Small DOM helpers: elements are built with text nodes only (never innerHTML), so no message text
+// Small DOM helpers: elements are built with text nodes only (never parsed markup), so no message text
 // can become markup.
 
 /** `h("div", {class: "x", onclick: f}, child, "text", ...)` */
