@@ -180,6 +180,24 @@ def test_the_demo_is_seeded_into_the_empty_data_dir_and_the_page_is_served_stric
     assert page.headers["content-type"] == "text/html; charset=utf-8"
 
 
+def test_every_control_has_a_name_and_the_tabs_work_from_the_keyboard(page: Any) -> None:
+    open_session(page, demo.BACKEND_SESSION)
+    unnamed = page.evaluate(
+        """() => [...document.querySelectorAll("button, input, textarea, [role=tab], [role=switch]")]
+            .filter((el) => el.offsetParent !== null)
+            .filter((el) => !(el.getAttribute("aria-label") || el.textContent.trim()
+                              || (el.labels && el.labels.length)))
+            .map((el) => el.outerHTML.slice(0, 80))"""
+    )
+    assert unnamed == []
+    page.focus("#tab-turns")
+    page.keyboard.press("ArrowRight")
+    assert page.evaluate("document.activeElement.id") == "tab-context"
+    page.wait_for_selector("#panel-context", state="visible")
+    page.keyboard.press("ArrowLeft")
+    page.wait_for_selector("#panel-turns", state="visible")
+
+
 def test_the_turn_rail_jumps_to_an_unloaded_turn_and_locate_finds_a_message_by_id(page: Any, stack: Stack) -> None:
     open_session(page, demo.BACKEND_SESSION)
     shot(page, "01-session")
@@ -200,6 +218,70 @@ def test_the_turn_rail_jumps_to_an_unloaded_turn_and_locate_finds_a_message_by_i
     page.wait_for_selector(f"#message-{located}.located")
     page.click("#back-to-live")
     page.wait_for_selector("#history-banner", state="hidden")
+
+
+def test_reading_older_history_keeps_at_most_three_pages_and_isolates_live_output(page: Any) -> None:
+    open_session(page, demo.BACKEND_SESSION)
+    # Scroll back through the whole history as a reader does (pages load as the top is reached),
+    # recording the most messages the view ever holds: never more than three pages of 32.
+    page.evaluate(
+        """() => { window.mostShown = 0; const t = document.getElementById("transcript");
+        new MutationObserver(() => { window.mostShown = Math.max(window.mostShown,
+            t.querySelectorAll("article.message").length); }).observe(t, { childList: true }); }"""
+    )
+    for _ in range(20):
+        if page.locator("text=Start of the conversation").count():
+            break
+        page.locator("#transcript").evaluate("t => { t.scrollTop = 0; t.dispatchEvent(new Event('scroll')); }")
+        page.wait_for_timeout(300)
+    page.wait_for_selector("#history-banner", state="visible")
+    assert 0 < page.evaluate("window.mostShown") <= 3 * 32
+    page.wait_for_selector("text=Start of the conversation")
+    assert page.locator("#message-1").count() == 1
+    assert page.locator("button.pager:text('Load newer messages')").count() == 1
+    shot(page, "02b-older-pages")
+    page.click("button.pager:text('Load newer messages')")
+    assert page.locator("#transcript article.message").count() <= 3 * 32
+    page.click("#back-to-live")
+    page.wait_for_selector("#history-banner", state="hidden")
+
+
+def test_the_record_store_installs_a_snapshot_whole_and_resyncs_on_a_gap(page: Any) -> None:
+    outcome = page.evaluate(
+        """async () => {
+        const { RecordStore } = await import("/console/store.js");
+        const store = new RecordStore(3);
+        const g = "7";
+        const frame = (type, body) => ({ type, streamGeneration: g, [type]: body });
+        const message = (id, role = "MESSAGE_ROLE_USER") =>
+            ({ messageId: String(id), role, content: [{ text: `m${id}` }], toolCalls: [] });
+        const ref = { messageKey: "r.1", attempt: 1 };
+        const seen = [];
+        seen.push(store.apply(frame("handshake", { mode: "FOLLOW_MODE_BASELINE", durableSeq: "4" })));
+        seen.push(store.apply(frame("snapshotBegin", { seq: "4", durableSeq: "4" })));
+        seen.push(store.apply(frame("snapshotRecords", { messages: [message(1), message(2)], hasOlder: false })));
+        const beforeEnd = store.messages.size;
+        seen.push(store.apply(frame("snapshotRuntime", { runtimeState: { state: "RUN_STATE_RUNNING" } })));
+        seen.push(store.apply(frame("snapshotPrefix",
+                                    { attempt: ref, firstChunkIndex: 0, nextChunkIndex: 2, text: "Hel" })));
+        seen.push(store.apply(frame("snapshotEnd", { seq: "4" })));  // installs everything at once
+        const installed = store.messages.size;
+        seen.push(store.apply(frame("chunk", { attempt: ref, chunkIndex: 2, text: "lo" })));
+        seen.push(store.apply(frame("batch", { baseSeq: "4", seq: "5", messages: [message(3), message(4)] })));
+        const evicted = !store.messages.has(1) && store.hasOlder
+            && store.history.beforeMessageId === 2;
+        const text = store.prefixes.get("r.1").text;
+        const gap = store.apply(frame("chunk", { attempt: ref, chunkIndex: 9, text: "x" }));
+        return { seen, beforeEnd, installed, evicted, text, gap, live: store.live };
+    }"""
+    )
+    assert outcome["beforeEnd"] == 0, "nothing shows before the snapshot ends"
+    assert outcome["installed"] == 2
+    assert outcome["seen"] == ["applied"] * 8
+    assert outcome["evicted"], "the store keeps its limit and points history before the oldest kept"
+    assert outcome["text"] == "Hello"
+    assert outcome["gap"] == {"resync": "chunk_gap", "resumable": False}
+    assert outcome["live"] is False
 
 
 def test_editing_a_compacted_message_is_refused_with_an_explanation(page: Any) -> None:
@@ -252,6 +334,25 @@ def test_a_reply_streams_live_and_stop_keeps_it_as_interrupted(page: Any) -> Non
     page.wait_for_selector(".badge.warn:text('interrupted')")
     page.wait_for_selector("#stop", state="hidden")
     shot(page, "05-stopped")
+
+
+def test_an_edit_rewrites_history_and_the_view_resyncs_without_a_flash(page: Any) -> None:
+    open_session(page, demo.CLIENT_SESSION)
+    # Count, from now on, every moment the transcript shows no message at all.
+    page.evaluate(
+        """() => { window.emptyMoments = 0; const t = document.getElementById("transcript");
+        new MutationObserver(() => { if (!t.querySelector("article.message")) window.emptyMoments += 1; })
+            .observe(t, { childList: true, subtree: true }); }"""
+    )
+    last_user = page.locator("#transcript article.message.user").last
+    last_user.locator("button.edit").click()
+    last_user.locator("textarea").fill("Check web/settings.js and web/profile.js, please.")
+    last_user.locator("button[type=submit]").click()
+    page.wait_for_selector("#transcript article.message.user .text:text('web/profile.js, please.')")
+    page.wait_for_selector("#connection[data-state=live]")
+    assert page.evaluate("window.emptyMoments") == 0
+    # The interrupted answer after the edited message is gone with the rewrite.
+    expect_text(page.locator("#transcript article.message").last, "Check web/settings.js and web/profile.js")
 
 
 def test_compact_now_while_idle_and_while_a_turn_runs(page: Any) -> None:

@@ -68,7 +68,7 @@ export class TranscriptView {
         }
       }
       previousId = id;
-      wanted.push([`m:${id}:${message.status}:${this.bodies.has(id)}:${this.session.compactionFenceMessageId}`, () => this.#message(message)]);
+      wanted.push([`m:${id}:${message.status}:${this.bodies.has(id)}:${this.session.compactionFenceMessageId}`, () => this.#message(message), message]);
     }
     if (this.window) {
       if (this.window.hasNewer) wanted.push(["newer", () => h("button", { type: "button", class: "pager", onclick: () => this.loadNewer() }, "Load newer messages")]);
@@ -92,8 +92,12 @@ export class TranscriptView {
   #reconcile(wanted) {
     const next = new Map();
     const nodes = [];
-    for (const [key, build] of wanted) {
-      const element = this.elements.get(key) || build();
+    for (const [key, build, source] of wanted) {
+      // A message element is reused only for the very record it was built from: a new baseline (an
+      // edit's rewrite) brings new records, whose elements are built afresh in the same frame.
+      const known = this.elements.get(key);
+      const element = known && known.source === source ? known : build();
+      element.source = source;
       element.dataset.key = key;
       next.set(key, element);
       nodes.push(element);
