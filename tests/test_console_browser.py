@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,7 @@ class Stack:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.gateway_port}"
 
-    def start(self) -> None:
+    def start(self, extra_env: dict[str, str] | None = None) -> None:
         env = {
             key: value
             for key, value in os.environ.items()
@@ -68,6 +69,7 @@ class Stack:
         }
         # A readable pace, so a person (and this test) can see the answer arrive and stop it midway.
         env["AGENT_OFFLINE_DELTA_SECONDS"] = "0.12"
+        env.update(extra_env or {})
         argv = [str(CONTINUUM), "up", "--data-dir", str(self.data_dir), f"--gateway-port={self.gateway_port}"]
         argv += [f"--{name}-port=0" for name in COMPONENTS]
         with open(self.output, "ab") as output:
@@ -402,7 +404,8 @@ def test_the_console_reconnects_after_the_gateway_restarts_and_the_seed_is_not_r
     page.wait_for_selector("#connection[data-state=reconnecting]")
     expect_text(page.locator("#run-state"), "the connection is down")
     shot(page, "11-reconnecting")
-    stack.start()
+    # Restarted with a disk reserve no disk has: merges started from now on pause (the next test).
+    stack.start(extra_env={"MERGE_DISK_RESERVE_BYTES": str(2**62)})
     page.wait_for_selector("#connection[data-state=live]", timeout=60_000)
     # The data dir was not empty: nothing was seeded again.
     assert "seeding the demo" not in stack.diagnostics().rsplit("continuum: starting transcript", 1)[-1]
@@ -421,3 +424,41 @@ def expect_visible(page: Any, selector: str) -> None:
 def expect_text(locator: Any, text: str) -> None:
     """Wait until `locator`'s text contains `text` (Playwright's own wait, with its timeout)."""
     playwright_api.expect(locator).to_contain_text(re.compile(re.escape(text)))
+
+
+def test_a_paused_merge_shows_why_survives_a_reload_and_resumes_or_cancels_by_epoch(page: Any) -> None:
+    page.click("#open-merge")
+    page.check(f"#src-{demo.BACKEND_SESSION}")
+    page.check(f"#src-{demo.CLIENT_SESSION}")
+    page.locator(f"input[name=primary][value={demo.CLIENT_SESSION}]").check()
+    # The last test's turn may still be releasing its session: a busy source is refused and explained,
+    # and starting again once it is idle works.
+    deadline = time.monotonic() + 60
+    page.click("#start-merge")
+    while page.locator(".merge-progress").count() == 0:
+        page.wait_for_selector(".merge-progress, #merge-form .error:text('MERGE_SOURCE_BUSY')")
+        if page.locator(".merge-progress").count():
+            break
+        assert time.monotonic() < deadline, "the sources stayed busy"
+        page.wait_for_timeout(1000)
+        page.click("#start-merge")
+    progress = page.locator(".merge-progress")
+    expect_text(progress, "Paused because")
+    expect_text(progress, "Disk reserve")
+    epoch = page.locator("#resume-merge").inner_text()
+    shot(page, "13-merge-paused")
+    # A reload (or another tab) finds the unfinished merge again and reopens the panel on it.
+    page.reload()
+    page.wait_for_selector("#merge-dialog[open] .merge-progress")
+    expect_text(page.locator(".merge-progress"), "Paused because")
+    # Resume at the epoch seen: it runs again (a new epoch) and pauses again for the same reason.
+    page.click("#resume-merge")
+    page.wait_for_function(
+        "([before]) => { const b = document.getElementById('resume-merge'); return b && b.textContent !== before; }",
+        arg=[epoch],
+    )
+    page.click("#cancel-merge")
+    expect_text(page.locator(".merge-progress"), "Cancelled")
+    expect_text(page.locator(".merge-progress"), "Sessions held")
+    assert page.locator(".merge-progress dd").nth(4).inner_text() == "none"
+    shot(page, "14-merge-cancelled")

@@ -59,20 +59,31 @@ export class MergePanel {
   }
 
   async #poll() {
+    // Redraw only when something changed: the chooser keeps what the person ticked and typed.
+    let changed = false;
     try {
-      if (this.operation) {
-        const id = encodeURIComponent(this.operation.progress.operationId);
-        this.operation = (await call("GET", `/v1/session-merges/${id}`)).operation;
+      const progress = this.operation?.progress;
+      if (progress && !TERMINAL.has(progress.status)) {
+        this.operation = (await call("GET", `/v1/session-merges/${encodeURIComponent(progress.operationId)}`)).operation;
         if (TERMINAL.has(this.operation.progress.status)) this.onFinished();
+        changed = true;
       } else {
+        // Another tab may start one meanwhile.
         const answer = await call("GET", "/v1/session-merges:active");
-        if (answer) this.operation = answer.operation;
+        if (answer) {
+          this.operation = answer.operation;
+          changed = true;
+        }
       }
-      this.error = "";
+      if (this.error) {
+        this.error = "";
+        changed = true;
+      }
     } catch (error) {
       this.error = explain(error);
+      changed = true;
     }
-    this.render();
+    if (changed) this.render();
     this.#schedule();
   }
 

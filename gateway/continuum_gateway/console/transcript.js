@@ -245,7 +245,10 @@ export class TranscriptView {
     if (!messages.length) return;
     const anchorElement = this.container.querySelector("article.message");
     const before = anchorElement ? anchorElement.getBoundingClientRect().top : 0;
+    const windowBefore = this.window;
     const answer = await this.#page(num(messages[0].messageId), "older");
+    // The reader moved on while the page loaded (back to live, a locate): this page is not wanted.
+    if (this.window !== windowBefore) return;
     if (!this.window) {
       // Entering history: the live tail's pages become the window, and live output is held back.
       const pages = [];
@@ -269,7 +272,9 @@ export class TranscriptView {
     if (!this.window) return;
     const messages = this.#messages();
     const last = messages[messages.length - 1];
+    const windowBefore = this.window;
     const answer = await this.#page(last ? num(last.messageId) : 0, "newer");
+    if (this.window !== windowBefore) return;
     if (!answer.hasNewer) {
       this.backToLive();
       return;
