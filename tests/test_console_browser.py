@@ -182,6 +182,36 @@ def test_the_demo_is_seeded_into_the_empty_data_dir_and_the_page_is_served_stric
     assert page.headers["content-type"] == "text/html; charset=utf-8"
 
 
+def test_sessions_are_created_renamed_and_deleted_from_the_tree(page: Any, stack: Stack) -> None:
+    page.fill("#new-title", "Scratch session")
+    page.click("#create-form button")
+    page.wait_for_selector("#session-title:text('Scratch session')")
+    page.once("dialog", lambda dialog: dialog.accept("Scratch, renamed"))
+    page.click("#rename")
+    page.wait_for_selector("a.session:text('Scratch, renamed')")
+    session_id = page.evaluate("decodeURIComponent(location.hash.slice(4))")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#delete")
+    page.wait_for_selector("a.session:text('Scratch, renamed')", state="detached")
+    with stack.client() as client:
+        assert client.get(f"/v1/sessions/{session_id}").status_code == 404
+
+
+def test_a_large_message_arrives_as_a_stub_and_its_body_loads_on_demand(page: Any, stack: Stack) -> None:
+    body = "large body " * 8000 + "THE END"
+    with stack.client() as client:
+        created = client.post("/v1/sessions", json={"title": "Large message"}).json()["session"]["sessionId"]
+        message = {"role": "MESSAGE_ROLE_USER", "content": [{"text": body}]}
+        assert client.post(f"/v1/sessions/{created}/messages", json={"messages": [message]}).is_success
+    page.reload()
+    open_session(page, created)
+    load = page.locator("button:text('Load the full message')")
+    load.click()
+    expect_text(page.locator("#transcript article.message.user .text"), "THE END")
+    with stack.client() as client:
+        assert client.delete(f"/v1/sessions/{created}").is_success
+
+
 def test_every_control_has_a_name_and_the_tabs_work_from_the_keyboard(page: Any) -> None:
     open_session(page, demo.BACKEND_SESSION)
     unnamed = page.evaluate(
@@ -273,8 +303,11 @@ def test_the_record_store_installs_a_snapshot_whole_and_resyncs_on_a_gap(page: A
         const evicted = !store.messages.has(1) && store.hasOlder
             && store.history.beforeMessageId === 2;
         const text = store.prefixes.get("r.1").text;
-        const gap = store.apply(frame("chunk", { attempt: ref, chunkIndex: 9, text: "x" }));
-        return { seen, beforeEnd, installed, evicted, text, gap, live: store.live };
+        const retry = store.apply(frame("attemptOpened", { messageKey: "r.1", attempt: 2 }));
+        const retried = store.prefixes.get("r.1");
+        const gap = store.apply(frame("chunk", { attempt: { messageKey: "r.1", attempt: 2 }, chunkIndex: 1,
+                                                 text: "x" }));
+        return { seen, beforeEnd, installed, evicted, text, retry, retried, gap, live: store.live };
     }"""
     )
     assert outcome["beforeEnd"] == 0, "nothing shows before the snapshot ends"
@@ -282,6 +315,9 @@ def test_the_record_store_installs_a_snapshot_whole_and_resyncs_on_a_gap(page: A
     assert outcome["seen"] == ["applied"] * 8
     assert outcome["evicted"], "the store keeps its limit and points history before the oldest kept"
     assert outcome["text"] == "Hello"
+    # A retry is a new attempt of the same message: its text starts over.
+    assert outcome["retry"] == "applied"
+    assert outcome["retried"] == {"attempt": 2, "nextChunkIndex": 0, "text": "", "retried": True}
     assert outcome["gap"] == {"resync": "chunk_gap", "resumable": False}
     assert outcome["live"] is False
 
@@ -436,12 +472,14 @@ def test_a_paused_merge_shows_why_survives_a_reload_and_resumes_or_cancels_by_ep
     deadline = time.monotonic() + 60
     page.click("#start-merge")
     while page.locator(".merge-progress").count() == 0:
-        page.wait_for_selector(".merge-progress, #merge-form .error:text('MERGE_SOURCE_BUSY')")
+        page.wait_for_selector(".merge-progress, #merge-form .error:not(:empty)")
         if page.locator(".merge-progress").count():
             break
+        refusal = page.inner_text("#merge-form .error")
+        assert "MERGE_SOURCE_BUSY" in refusal, refusal
         assert time.monotonic() < deadline, "the sources stayed busy"
         page.wait_for_timeout(1000)
-        page.click("#start-merge")
+        page.click("#start-merge")  # clears the refusal; the next one (or the progress) follows
     progress = page.locator(".merge-progress")
     expect_text(progress, "Paused because")
     expect_text(progress, "Disk reserve")

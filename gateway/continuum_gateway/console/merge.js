@@ -116,6 +116,7 @@ export class MergePanel {
       h("div", {}, h("button", { type: "submit", id: "start-merge" }, "Start merge")), status);
     form.onsubmit = async (event) => {
       event.preventDefault();
+      status.textContent = "";
       const sources = [...form.querySelectorAll("input[name=source]:checked")].map((i) => i.value);
       const primary = form.querySelector("input[name=primary]:checked")?.value;
       if (sources.length < 2 || sources.length > 5) {
