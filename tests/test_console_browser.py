@@ -230,6 +230,41 @@ def test_every_control_has_a_name_and_the_tabs_work_from_the_keyboard(page: Any)
     page.wait_for_selector("#panel-turns", state="visible")
 
 
+def test_a_gateway_without_merge_or_agent_hides_the_merge_panel_and_makes_the_composer_read_only(
+    browser: Any, stack: Stack, tmp_path: Path
+) -> None:
+    run = stack.data_dir / "run"
+    env = {
+        **os.environ,
+        "GATEWAY_PORT": "0",
+        "GATEWAY_DATA_DIR": str(tmp_path),
+        "GATEWAY_TRANSCRIPT_ADDRESS": f"127.0.0.1:{(run / 'transcript.port').read_text().strip()}",
+        "GATEWAY_COMPACTION_ADDRESS": f"127.0.0.1:{(run / 'compaction.port').read_text().strip()}",
+        "GATEWAY_SERVICE_TOKEN": (stack.data_dir / "service-token").read_text().strip(),
+        "GATEWAY_DEV_TOKEN": stack.token(),
+    }
+    with open(tmp_path / "gateway.log", "wb") as log:
+        gateway = subprocess.Popen([sys.executable, "-m", "continuum_gateway"], env=env, stdout=log, stderr=log)
+    try:
+        port_file = tmp_path / "run" / "gateway.port"
+        wait_for(port_file.exists, what="the second gateway's port file", seconds=60)
+        context = browser.new_context(viewport={"width": 1400, "height": 900})
+        page = context.new_page()
+        page.goto(f"http://127.0.0.1:{port_file.read_text().strip()}/")
+        page.fill("#token", stack.token())
+        page.click("#sign-in-form button")
+        page.wait_for_selector("a.session")
+        assert page.locator("#open-merge").is_hidden()
+        open_session(page, demo.CLIENT_SESSION)
+        assert page.locator("#send").is_disabled()
+        assert "no agent" in (page.get_attribute("#composer-text", "placeholder") or "")
+        shot(page, "00-without-merge-and-agent")
+        context.close()
+    finally:
+        gateway.send_signal(signal.SIGINT)
+        gateway.wait(timeout=30)
+
+
 def test_the_turn_rail_jumps_to_an_unloaded_turn_and_locate_finds_a_message_by_id(page: Any, stack: Stack) -> None:
     open_session(page, demo.BACKEND_SESSION)
     shot(page, "01-session")
