@@ -176,6 +176,14 @@ def test_the_demo_is_seeded_into_the_empty_data_dir_and_the_page_is_served_stric
     assert sessions[demo.CLIENT_SESSION]["compactionFenceMessageId"] == "0"
     assert message_count(stack, demo.BACKEND_SESSION) == demo.BACKEND_TURNS * 4
     assert not (stack.data_dir / demo.PENDING_MARKER).exists()
+    # Seeding again (as a run that found the marker of an interrupted seed would) adds nothing.
+    demo.DemoSeeder(stack.url, stack.token(), stack.data_dir).seed()
+    with stack.client() as client:
+        again = client.get("/v1/sessions").json()["sessions"]
+        events = client.get(f"/v1/sessions/{demo.BACKEND_SESSION}/compaction/events").json()["events"]
+    assert sorted(s["sessionId"] for s in again) == sorted(sessions)
+    assert message_count(stack, demo.BACKEND_SESSION) == demo.BACKEND_TURNS * 4
+    assert len(events) == 1, "the compacted session is not compacted again"
     assert f"Console: {stack.url}/" in stack.diagnostics()
     assert page.status_code == 200
     assert "script-src 'self'" in page.headers["content-security-policy"]
