@@ -4,6 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 BUF := .tools/node_modules/.bin/buf
+CHROMIUM := /usr/bin/chromium
 # What `make run` needs: the runtime dependencies and the project (the `continuum` command).
 RUNTIME := $(VENV)/.installed-runtime
 # What `make test` and `make lint` need on top: linters, type checker, test runner, code generators.
@@ -13,7 +14,12 @@ ARGS ?=
 
 .PHONY: setup run test lint mutate protos protos-check buf-lint buf-breaking release-protos clean
 
-setup: $(DEV) $(BUF)
+setup: $(DEV) $(BUF) $(CHROMIUM)
+
+# The browser the console's tests drive: Debian's own build (nothing downloaded by Playwright itself).
+$(CHROMIUM):
+	@command -v apt-get >/dev/null || { echo "install Chromium as $(CHROMIUM) for the browser tests"; exit 1; }
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 
 # The project builds with the setuptools pinned in pyproject.toml's build-system, in an isolated build env.
 $(RUNTIME): requirements.txt pyproject.toml

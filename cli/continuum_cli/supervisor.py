@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+import httpx
+
+from continuum_cli import demo
 from continuum_cli.components import COMPONENTS, Component, Protocol, check_order
 from continuum_cli.datadir import resolve_data_dir
 from continuum_cli.health import probe
@@ -105,8 +108,10 @@ class Supervisor:
         *,
         startup_timeout: float = STARTUP_TIMEOUT_SECONDS,
         stop_grace: float = STOP_GRACE_SECONDS,
+        seed_demo: bool = True,
     ) -> None:
         check_order(components)
+        self.seed_demo = seed_demo
         self.data_dir = data_dir.resolve()
         self.run_dir = RunDir(self.data_dir)
         self.ports = dict(ports)
@@ -123,6 +128,8 @@ class Supervisor:
         # Everything this run creates, and every file its children create (they inherit the umask:
         # databases, attachments, port files), is the operator's alone.
         previous_umask = os.umask(PRIVATE_UMASK)
+        # Decided before anything is created: only an empty data dir gets the demo.
+        was_empty = demo.is_empty(self.data_dir)
         try:
             self.run_dir.create()
             try:
@@ -131,7 +138,7 @@ class Supervisor:
                 self._say_error(str(error))
                 return EXIT_FAILED
             try:
-                return self._run_locked()
+                return self._run_locked(seed=self.seed_demo and demo.wanted(self.data_dir, was_empty))
             finally:
                 # Normally a no-op; after an unexpected error it keeps children from outliving us.
                 self._stop_all()
@@ -141,7 +148,7 @@ class Supervisor:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
-    def _run_locked(self) -> int:
+    def _run_locked(self, seed: bool) -> int:
         exposed = self.run_dir.exposed_mode()
         if exposed is not None:
             self._say_error(
@@ -178,6 +185,8 @@ class Supervisor:
             self._stop_all()
             return EXIT_FAILED
         if not self.signals_received:
+            if seed:
+                self._seed(dev_token)
             self._print_summary(dev_token)
             exited = self._watch()
             if exited is not None:
@@ -192,6 +201,21 @@ class Supervisor:
         self._stop_all()
         self._say("stopped")
         return EXIT_OK
+
+    def _entry(self) -> Child | None:
+        """The browser-facing component (the gateway), if this run has one."""
+        return next((c for c in self.children if c.component.protocol is Protocol.HTTP and c.component.dev_token), None)
+
+    def _seed(self, dev_token: str) -> None:
+        """The demo workspace, through the gateway; a failure is reported and the run goes on."""
+        entry = self._entry()
+        if entry is None:
+            return
+        self._say("seeding the demo workspace (this data dir was empty)")
+        try:
+            demo.DemoSeeder(self._address(entry), dev_token, self.data_dir).seed()
+        except httpx.HTTPError as error:
+            self._say_error(f"the demo could not be seeded ({type(error).__name__}); the next run tries again")
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # Only count here: the main loop polls, so nothing re-entrant happens inside the handler.
@@ -308,12 +332,11 @@ class Supervisor:
             for child in self.children
             if child.component.cleans_up
         ]
-        entry = next(
-            (c for c in self.children if c.component.protocol is Protocol.HTTP and c.component.dev_token), None
-        )
+        entry = self._entry()
         if entry is not None:
             url = f"{self._address(entry)}/v1/sessions"
             lines += [
+                f"Console: {self._address(entry)}/  (sign in with the dev token)",
                 "Try:",
                 f"  curl -X POST {url} -H {shlex.quote('Authorization: Bearer ' + dev_token)} "
                 f"-H 'Content-Type: application/json' -d '{{\"title\": \"hello\"}}'",

@@ -27,5 +27,7 @@ COMPONENTS = (
 if __name__ == "__main__":
     data_dir, startup_timeout, stop_grace = Path(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
     ports = {name: int(port) for name, _, port in (arg.partition("=") for arg in sys.argv[4:])}
-    supervisor = Supervisor(data_dir, ports, COMPONENTS, startup_timeout=startup_timeout, stop_grace=stop_grace)
+    supervisor = Supervisor(
+        data_dir, ports, COMPONENTS, startup_timeout=startup_timeout, stop_grace=stop_grace, seed_demo=False
+    )
     sys.exit(supervisor.run())

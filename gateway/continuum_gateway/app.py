@@ -24,6 +24,7 @@ from starlette.routing import BaseRoute
 from continuum_gateway import (
     capabilities,
     compaction,
+    console,
     follow,
     follow_hub,
     health,
@@ -87,6 +88,10 @@ def create_app(settings: GatewaySettings) -> Starlette:
         for route in routes
         if isinstance(route, Resource) and all(o.public for o in route.operations.values())
     ]
+    # The web console's page and files: static, holding no data, so open like the reference.
+    console_files = console.load_files()
+    routes += console.routes(console_files)
+    open_paths += console.open_paths(console_files)
     return Starlette(
         routes=routes,
         middleware=[
