@@ -501,8 +501,9 @@ def expect_visible(page: Any, selector: str) -> None:
 
 
 def expect_text(locator: Any, text: str) -> None:
-    """Wait until `locator`'s text contains `text` (Playwright's own wait, with its timeout)."""
-    playwright_api.expect(locator).to_contain_text(re.compile(re.escape(text)))
+    """Wait until `locator`'s text contains `text` (Playwright's own wait, as patient as every other UI wait:
+    its 5 s default failed a loaded CI run while a summary was still loading)."""
+    playwright_api.expect(locator).to_contain_text(re.compile(re.escape(text)), timeout=UI_TIMEOUT_MS)
 
 
 def test_a_paused_merge_shows_why_survives_a_reload_and_resumes_or_cancels_by_epoch(page: Any) -> None:
