@@ -51,6 +51,7 @@ MAX_LINE_BYTES = 64 * 1024
 DETAIL_FILE_BYTES = 8 * 1024 * 1024
 SESSION_RAW_BYTES = 1024 * 1024
 BUFFER_BYTES = 1024 * 1024
+FIRST_BUFFER_BYTES = 64 * 1024
 
 HEX64 = re.compile(r"[0-9a-f]{64}")
 _PATHS = {
@@ -181,9 +182,12 @@ class Package:
         with self.files.open(stream.path, stream.size) as descriptor:
             offset = start
             pending = b""
+            # A page often stops after a few hundred lines: read small first, then larger buffers.
+            buffer_bytes = FIRST_BUFFER_BYTES
             while offset < stream.size:
                 self.deadline.check(f"reading {path}")
-                chunk = read_range(descriptor, offset, min(BUFFER_BYTES, stream.size - offset))
+                chunk = read_range(descriptor, offset, min(buffer_bytes, stream.size - offset))
+                buffer_bytes = min(2 * buffer_bytes, BUFFER_BYTES)
                 here = offset - len(pending)
                 offset += len(chunk)
                 lines = (pending + chunk if pending else chunk).split(b"\n")

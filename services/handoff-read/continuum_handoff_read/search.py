@@ -6,9 +6,16 @@ ever too long to search, and nothing is decoded but the excerpts). Each buffer i
 len(query) - 1 bytes before it, from the same file or from the previous part of the same record, so a
 match split across buffers or across two parts is found; a match lying wholly in those carried bytes
 was reported with the buffer before and is not reported again. A page scans at most 8 MiB of text,
-then answers with a cursor; `complete` is True only once every candidate was scanned. Every part
-scanned is checked against its registered size and sha256 (in memory when it was read whole), so
-neither an excerpt nor "no match" ever stands on altered bytes.
+then answers with a cursor; `complete` is True only once every candidate was scanned.
+
+Every part scanned is a regular file beneath the package of its registered size (checked on open), but
+its sha256 is computed only when something from it is handed out: before the first excerpt of a match
+in it, or in the part before it whose tail the match begins in (in memory when the buffer holds the
+whole part, else by reading it again). Why that is enough: the package is sealed by merge and its
+chain ready.json -> manifest.json -> streams is verified before any row is used, so a part's bytes can
+differ only if someone altered the sealed package; such a part is refused (HANDOFF_PACKAGE_DAMAGED)
+before any of its bytes reach the model, and "no match" over a part of its registered size is accepted.
+Hashing every scanned part was a third of the search's CPU time.
 """
 
 from __future__ import annotations
@@ -143,17 +150,39 @@ class _Scan:
                 continue
             if not (previous and previous.record_ref == row.record_ref and previous.part == (row.part or 0) - 1):
                 previous, previous_offset, tail = None, -1, b""
-            resumed = line.offset == start.row
-            where = _Where(
-                line.offset,
-                start.at if resumed else 0,
-                start.skip if resumed else 0,
-                previous_offset,
-                records.offset if records is not None else 0,
-            )
-            stop, tail = self._file(where, row, previous, tail)
-            if stop is not None:
-                return stop
+            if (
+                line.offset != start.row
+                and self.scanned + row.size <= SCAN_BYTES
+                and self.scanned < SCAN_BYTES
+                and row.size <= BUFFER_BYTES
+            ):
+                # The common case, kept lean: a whole part, from its first byte, within the page's budget.
+                if self.out_of_time():
+                    return _Stop(_TIME, Position(phase="records", row=line.offset, previous=previous_offset,
+                                                 record=records.offset if records is not None else 0))  # fmt: skip
+                kept = len(tail)
+                end = kept + row.size
+                self.buffer[:kept] = tail
+                self.package.files.read_whole(row.path, row.size, self.view[kept:end])
+                self.scanned += row.size
+                if self.buffer.find(self.query, 0, end) >= 0:
+                    where = _Where(line.offset, 0, 0, previous_offset, records.offset if records is not None else 0)
+                    stop = self._matches(where, row, previous, kept, end, 0)
+                    if stop is not None:
+                        return stop
+                tail = bytes(self.view[max(0, end - self.carry_bytes) : end]) if self.carry_bytes else b""
+            else:
+                resumed = line.offset == start.row
+                where = _Where(
+                    line.offset,
+                    start.at if resumed else 0,
+                    start.skip if resumed else 0,
+                    previous_offset,
+                    records.offset if records is not None else 0,
+                )
+                stop, tail = self._file(where, row, previous, tail)
+                if stop is not None:
+                    return stop
             previous, previous_offset = row, line.offset
         return None
 
@@ -181,36 +210,49 @@ class _Scan:
                 end = kept + length
                 read_into(descriptor, self.view[kept:end], at)
                 self.scanned += length
-                if length == row.size:
-                    # A whole part in one buffer (merge's parts are at most 32 KiB): checked in memory.
-                    if hashlib.sha256(self.view[kept:end]).hexdigest() != row.sha256:
-                        raise PackageDamaged(f"{row.path} does not match its registered sha256")
-                    self.verified.add(row.path)
-                reported = 0
-                position = 0
-                while (found := buffer.find(self.query, position, end)) >= 0:
-                    position = found + len(self.query)
-                    if position <= kept:
-                        continue  # wholly in the carried bytes: reported with the buffer before
-                    reported += 1
-                    if reported <= skip:
-                        continue
-                    if not self.page.add(self._match(end, found, at - kept, row, previous)):
-                        return _Stop(_OUTPUT, where.position(at, reported - 1)), b""
+                stop = self._matches(where, row, previous, kept, end, at, skip)
+                if stop is not None:
+                    return stop, b""
                 skip = 0
                 carry = bytes(self.view[max(0, end - self.carry_bytes) : end]) if self.carry_bytes else b""
                 at += length
                 if at >= row.size:
-                    if row.path not in self.verified:
-                        self.verify(row)  # scanned in pieces: read once more to check it whole
                     return None, carry
         finally:
             os.close(descriptor)
 
-    def _match(self, end: int, found: int, base: int, row: FileRow, previous: FileRow | None) -> Entry:
+    def _matches(
+        self, where: _Where, row: FileRow, previous: FileRow | None, kept: int, end: int, at: int, skip: int = 0
+    ) -> _Stop | None:
+        """Report the matches in buffer[:end], which holds `kept` carried bytes and then `row`'s bytes from
+        `at`, after the first `skip` of them; a stop when the page is full."""
+        buffer = self.buffer
+        # A whole part in one buffer (merge's parts are at most 32 KiB) is checked in memory, on the very
+        # bytes an excerpt shows.
+        whole = self.view[kept:end] if at == 0 and end - kept == row.size else None
+        reported = 0
+        position = 0
+        while (found := buffer.find(self.query, position, end)) >= 0:
+            position = found + len(self.query)
+            if position <= kept:
+                continue  # wholly in the carried bytes: reported with the buffer before
+            reported += 1
+            if reported <= skip:
+                continue
+            if not self.page.add(self._match(end, found, at - kept, row, previous, whole)):
+                return _Stop(_OUTPUT, where.position(at, reported - 1))
+        return None
+
+    def _match(
+        self, end: int, found: int, base: int, row: FileRow, previous: FileRow | None, whole: memoryview | None
+    ) -> Entry:
         """The entry of a match at buffer[found:] (the buffer holds `end` bytes; buffer[0] is byte `base`
-        of `row`, negative: the carried bytes from the end of `previous`); every file it shows is
-        verified first."""
+        of `row`, negative: the carried bytes from the end of `previous`; `whole`: all of `row`, when the
+        buffer holds it); every file it shows is verified first."""
+        if whole is not None and row.path not in self.verified:
+            if hashlib.sha256(whole).hexdigest() != row.sha256:
+                raise PackageDamaged(f"{row.path} does not match its registered sha256")
+            self.verified.add(row.path)
         self.verify(row)
         if base < 0 and previous is not None:
             self.verify(previous)
