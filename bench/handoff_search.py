@@ -8,10 +8,10 @@ path and an identifier) is planted in some records, a few of them across a part 
 
 The search runs through `continuum_handoff_read.tool.execute` page by page with its cursor (each page
 scans at most 8 MiB, checks every part's size, hashes the parts it shows an excerpt of, and checks the
-manifests against their hashes) until
-`complete`. The baseline is Debian's ripgrep, `rg -F --count-matches` over the same text files (the
-parts and the handoff's details), in the same run; ripgrep is installed by this benchmark's setup when
-missing (`apt-get install -y ripgrep`). Both run twice on a warm page cache; the faster counts.
+manifests against their hashes) until `complete`. The baseline is Debian's ripgrep, `rg -F
+--count-matches` over the same text files (the parts and the handoff's details), in the same run;
+ripgrep is installed by this benchmark's setup when missing (`apt-get install -y ripgrep`). Both run
+twice on a warm page cache; the faster counts.
 
     .venv/bin/python bench/handoff_search.py [--text-mib 512] [--keep DIR]
 
