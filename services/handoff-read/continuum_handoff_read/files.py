@@ -158,7 +158,8 @@ class PackageFiles:
         """Fill `into` (`size` bytes long) with the whole registered file `relative`."""
         descriptor = self.descriptor(relative, size)
         try:
-            read_into(descriptor, into, 0)
+            if os.preadv(descriptor, [into], 0) != size:  # one read, almost always
+                read_into(descriptor, into, 0)
         finally:
             os.close(descriptor)
 

@@ -54,11 +54,12 @@ BUFFER_BYTES = 1024 * 1024
 FIRST_BUFFER_BYTES = 64 * 1024
 
 HEX64 = re.compile(r"[0-9a-f]{64}")
-_PATHS = {
-    "raw": re.compile(r"raw/([0-9a-f]{64})\.json"),
-    "text": re.compile(r"text/([0-9a-f]{64})-(0|[1-9][0-9]{0,8})\.txt"),
-    "asset": re.compile(r"assets/([0-9a-f]{64})"),
-}
+# Merge numbers a record's text parts from 0; nine digits at most.
+_MAX_PART = 999_999_999
+
+
+def _is_hex64(value: object) -> bool:
+    return type(value) is str and len(value) == 64 and not value.strip("0123456789abcdef")
 
 
 @dataclass(frozen=True)
@@ -282,24 +283,28 @@ def _object(data: bytes, where: str) -> dict[str, Any]:
 
 def file_row(data: bytes) -> FileRow:
     """A files.jsonl line, its path checked against merge's layout for its kind (the digest in the path
-    must be the row's record, or for an asset its sha256; a text part's number its part)."""
+    must be the row's record, or for an asset its sha256; a text part's number its part). Search parses
+    one per text part, so the layout is compared as a string, not matched by a pattern."""
     row = _object(data, FILES)
     get = row.get
     kind, path, record_ref, sha256, size, part, ref = (
         get("kind"), get("path"), get("recordRef"), get("sha256"), get("bytes"), get("part"), get("ref")
     )  # fmt: skip
-    shape = _PATHS.get(kind) if type(kind) is str else None
-    matched = shape.fullmatch(path) if shape is not None and type(path) is str else None
+    layout = None
+    if _is_hex64(record_ref):
+        if kind == "text" and type(part) is int and 0 <= part <= _MAX_PART:
+            layout = f"text/{record_ref}-{part}.txt"
+        elif kind == "raw" and part is None:
+            layout = f"raw/{record_ref}.json"
+        elif kind == "asset" and type(part) is int and _is_hex64(sha256):
+            layout = f"assets/{sha256}"
     if not (
-        matched is not None
+        layout is not None
+        and path == layout
         and type(ref) is str
         and type(size) is int
         and size >= 0
         and type(sha256) is str
-        and matched.group(1) == (sha256 if kind == "asset" else record_ref)
-        and (part is None if kind == "raw" else type(part) is int)
-        and (kind != "text" or matched.group(2) == str(part))
-        and (kind != "asset" or (type(record_ref) is str and HEX64.fullmatch(record_ref)))
     ):
         raise PackageDamaged("snapshot/files.jsonl holds a row that is incomplete or names a path outside the layout")
     media_type, attachment_id = row.get("mediaType"), row.get("attachmentId")

@@ -140,6 +140,9 @@ class _Scan:
             tail = self.package.files.read(
                 previous.path, previous.size, max(0, previous.size - self.carry_bytes), self.carry_bytes
             )
+        # The loop below runs once per part (tens of thousands per package): what it uses, bound locally.
+        buffer, view, query, carry_bytes = self.buffer, self.view, self.query, self.carry_bytes
+        read_whole = self.package.files.read_whole
         for line in self.package.lines(FILES, start.row):
             if b'"text"' not in line.data:
                 continue  # raw and asset rows: not text
@@ -150,27 +153,24 @@ class _Scan:
                 continue
             if not (previous and previous.record_ref == row.record_ref and previous.part == (row.part or 0) - 1):
                 previous, previous_offset, tail = None, -1, b""
-            if (
-                line.offset != start.row
-                and self.scanned + row.size <= SCAN_BYTES
-                and self.scanned < SCAN_BYTES
-                and row.size <= BUFFER_BYTES
-            ):
-                # The common case, kept lean: a whole part, from its first byte, within the page's budget.
-                if self.out_of_time():
-                    return _Stop(_TIME, Position(phase="records", row=line.offset, previous=previous_offset,
-                                                 record=records.offset if records is not None else 0))  # fmt: skip
+            size = row.size
+            if line.offset != start.row and self.scanned + size <= SCAN_BYTES and size <= BUFFER_BYTES:
+                # The common case, kept lean: a whole part from its first byte, within the page's budget
+                # (an empty part on a spent budget goes the long way, which stops there).
+                if self.scanned == SCAN_BYTES or self.out_of_time():
+                    where = _Where(line.offset, 0, 0, previous_offset, records.offset if records is not None else 0)
+                    return _Stop(_BUDGET if self.scanned == SCAN_BYTES else _TIME, where.position(0, 0))
                 kept = len(tail)
-                end = kept + row.size
-                self.buffer[:kept] = tail
-                self.package.files.read_whole(row.path, row.size, self.view[kept:end])
-                self.scanned += row.size
-                if self.buffer.find(self.query, 0, end) >= 0:
+                end = kept + size
+                buffer[:kept] = tail
+                read_whole(row.path, size, view[kept:end])
+                self.scanned += size
+                if buffer.find(query, 0, end) >= 0:
                     where = _Where(line.offset, 0, 0, previous_offset, records.offset if records is not None else 0)
                     stop = self._matches(where, row, previous, kept, end, 0)
                     if stop is not None:
                         return stop
-                tail = bytes(self.view[max(0, end - self.carry_bytes) : end]) if self.carry_bytes else b""
+                tail = bytes(view[max(0, end - carry_bytes) : end]) if carry_bytes else b""
             else:
                 resumed = line.offset == start.row
                 where = _Where(
