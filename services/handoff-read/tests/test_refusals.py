@@ -238,7 +238,7 @@ class StepClock:
 def test_a_spent_deadline_is_budget_exceeded_and_a_late_one_ends_the_page_with_a_cursor(
     package: tuple[Path, str, str],
 ) -> None:
-    root, version, _ = package
+    root, version, ref = package
     with pytest.raises(errors.BudgetExceeded) as spent:
         execute(root, version, '{"action": "list"}', cursor_key=KEY, deadline=Deadline(StepClock(20)))
     assert spent.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -253,6 +253,14 @@ def test_a_spent_deadline_is_budget_exceeded_and_a_late_one_ends_the_page_with_a
     assert not late.complete
     assert "time budget" in late.warning
     assert late.next_cursor
+    # Its cursor resumes at the part the clock stopped before: the match is found, once.
+    found = list(late.entries)
+    cursor = late.next_cursor
+    while cursor:
+        page = call(root, version, action="search", query="FINDME", cursor=cursor)
+        found += page.entries
+        cursor = "" if page.complete else page.next_cursor
+    assert [entry.ref for entry in found] == [f"r_{ref}:p0"]
 
 
 def test_without_openat2_the_walk_refuses_the_same_planted_directory(
