@@ -30,7 +30,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 import orjson
 
@@ -58,7 +58,7 @@ HEX64 = re.compile(r"[0-9a-f]{64}")
 _MAX_PART = 999_999_999
 
 
-def _is_hex64(value: object) -> bool:
+def _is_hex64(value: object) -> TypeGuard[str]:
     return type(value) is str and len(value) == 64 and not value.strip("0123456789abcdef")
 
 
@@ -84,6 +84,23 @@ class FileRow(NamedTuple):
     sha256: str
     media_type: str
     attachment_id: str
+
+
+class TextPart(NamedTuple):
+    """A text part's files.jsonl row, parsed only as far as a search needs it (a search makes one per
+    part); `line` is the row itself, parsed whole by `file_row` for its sha256 when something from the
+    part is handed out."""
+
+    record_ref: str
+    part: int
+    size: int
+    path: str
+    line: bytes
+
+    @property
+    def ref(self) -> str:
+        """The part's ref."""
+        return f"r_{self.record_ref}:p{self.part}"
 
 
 @dataclass(frozen=True)
@@ -319,6 +336,26 @@ def file_row(data: bytes) -> FileRow:
         media_type if isinstance(media_type, str) else "",
         attachment_id if isinstance(attachment_id, str) else "",
     )
+
+
+def text_part(data: bytes) -> TextPart | None:
+    """A files.jsonl line if it is a text part's (None for other kinds), its path checked against
+    merge's layout (the row's record and part number) as `file_row` checks it."""
+    row = _object(data, FILES)
+    get = row.get
+    if get("kind") != "text":
+        return None
+    record_ref, part, size, path = get("recordRef"), get("part"), get("bytes"), get("path")
+    if not (
+        _is_hex64(record_ref)
+        and type(part) is int
+        and 0 <= part <= _MAX_PART
+        and path == f"text/{record_ref}-{part}.txt"
+        and type(size) is int
+        and size >= 0
+    ):
+        raise PackageDamaged("snapshot/files.jsonl holds a row that is incomplete or names a path outside the layout")
+    return TextPart(record_ref, part, size, "snapshot/" + path, data)
 
 
 def record_row(data: bytes) -> RecordRow:

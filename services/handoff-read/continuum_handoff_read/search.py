@@ -34,7 +34,7 @@ from continuum_handoff_read.manifest import (
     DETAILS,
     FILES,
     RECORDS,
-    FileRow,
+    TextPart,
     Line,
     Package,
     RecordRow,
@@ -42,6 +42,7 @@ from continuum_handoff_read.manifest import (
     file_row,
     item_sessions,
     record_row,
+    text_part,
 )
 from continuum_handoff_read.results import Entry, Page, ToolResult, utf8_end, utf8_start
 
@@ -87,7 +88,7 @@ class _Records:
     current: RecordRow | None = None
     offset: int = 0
 
-    def of(self, row: FileRow) -> RecordRow:
+    def of(self, row: TextPart) -> RecordRow:
         while self.current is None or self.current.record_ref != row.record_ref:
             line = next(self.lines, None)
             if line is None:
@@ -121,22 +122,31 @@ class _Scan:
             raise BudgetExceeded("the call's time budget ran out before the search could scan anything")
         return True
 
-    def verify(self, row: FileRow) -> None:
-        if row.path not in self.verified:
+    def verify(self, part: TextPart, whole: memoryview | None = None) -> None:
+        """Check a part against its registered sha256 before anything from it is handed out: `whole`,
+        the part as scanned, when the buffer held all of it, else the file read again."""
+        if part.path in self.verified:
+            return
+        row = file_row(part.line)
+        if whole is None:
             self.package.files.verify(row.path, row.size, row.sha256, self.package.deadline)
-            self.verified.add(row.path)
+        elif hashlib.sha256(whole).hexdigest() != row.sha256:
+            raise PackageDamaged(f"{row.path} does not match its registered sha256")
+        self.verified.add(part.path)
 
     def records(self, start: Position) -> _Stop | None:
         """Scan the text parts from `start` on."""
         records = None
         if self.members is not None:
             records = _Records(self.package.lines(RECORDS, start.record), offset=start.record)
-        previous: FileRow | None = None
+        previous: TextPart | None = None
         previous_offset = -1
         tail = b""
         if start.previous >= 0:
             previous_offset = start.previous
-            previous = file_row(next(self.package.lines(FILES, start.previous)).data)
+            previous = text_part(next(self.package.lines(FILES, start.previous)).data)
+            if previous is None:
+                raise CursorRefused("cursor", "does not follow a text part")
             tail = self.package.files.read(
                 previous.path, previous.size, max(0, previous.size - self.carry_bytes), self.carry_bytes
             )
@@ -146,12 +156,12 @@ class _Scan:
         for line in self.package.lines(FILES, start.row):
             if b'"text"' not in line.data:
                 continue  # raw and asset rows: not text
-            row = file_row(line.data)
-            if row.kind != "text":
+            row = text_part(line.data)
+            if row is None:
                 continue
             if records is not None and records.of(row).session_id not in self.members:  # type: ignore[operator]
                 continue
-            if not (previous and previous.record_ref == row.record_ref and previous.part == (row.part or 0) - 1):
+            if not (previous and previous.record_ref == row.record_ref and previous.part == row.part - 1):
                 previous, previous_offset, tail = None, -1, b""
             size = row.size
             if line.offset != start.row and self.scanned + size <= SCAN_BYTES and size <= BUFFER_BYTES:
@@ -186,7 +196,7 @@ class _Scan:
             previous, previous_offset = row, line.offset
         return None
 
-    def _file(self, where: _Where, row: FileRow, previous: FileRow | None, tail: bytes) -> tuple[_Stop | None, bytes]:
+    def _file(self, where: _Where, row: TextPart, previous: TextPart | None, tail: bytes) -> tuple[_Stop | None, bytes]:
         """Scan one text part from `where.at` on; a stop, or the bytes to carry into the next part."""
         at, skip = where.at, where.skip
         if at > row.size:
@@ -222,7 +232,7 @@ class _Scan:
             os.close(descriptor)
 
     def _matches(
-        self, where: _Where, row: FileRow, previous: FileRow | None, kept: int, end: int, at: int, skip: int = 0
+        self, where: _Where, row: TextPart, previous: TextPart | None, kept: int, end: int, at: int, skip: int = 0
     ) -> _Stop | None:
         """Report the matches in buffer[:end], which holds `kept` carried bytes and then `row`'s bytes from
         `at`, after the first `skip` of them; a stop when the page is full."""
@@ -244,16 +254,12 @@ class _Scan:
         return None
 
     def _match(
-        self, end: int, found: int, base: int, row: FileRow, previous: FileRow | None, whole: memoryview | None
+        self, end: int, found: int, base: int, row: TextPart, previous: TextPart | None, whole: memoryview | None
     ) -> Entry:
         """The entry of a match at buffer[found:] (the buffer holds `end` bytes; buffer[0] is byte `base`
         of `row`, negative: the carried bytes from the end of `previous`; `whole`: all of `row`, when the
         buffer holds it); every file it shows is verified first."""
-        if whole is not None and row.path not in self.verified:
-            if hashlib.sha256(whole).hexdigest() != row.sha256:
-                raise PackageDamaged(f"{row.path} does not match its registered sha256")
-            self.verified.add(row.path)
-        self.verify(row)
+        self.verify(row, whole)
         if base < 0 and previous is not None:
             self.verify(previous)
         offset = base + found
