@@ -192,8 +192,9 @@ class Package:
             self._verified.add(path)
         return stream
 
-    def lines(self, path: str, start: int = 0) -> Iterator[Line]:
-        """The lines of a stream from byte `start` (a line start the reader handed out) on."""
+    def lines(self, path: str, start: int = 0, containing: bytes = b"") -> Iterator[Line]:
+        """The lines of a stream from byte `start` (a line start the reader handed out) on; only those
+        holding `containing`, when given (a cheap filter before any line is parsed)."""
         stream = self.stream(path)
         if not 0 <= start <= stream.size:
             raise PackageDamaged(f"{path} has no line at byte {start}")
@@ -212,11 +213,12 @@ class Package:
                 pending = lines.pop()
                 for data in lines:
                     following = here + len(data) + 1
-                    yield Line(here, following, data)
+                    if containing in data:
+                        yield Line(here, following, data)
                     here = following
                 if len(pending) > MAX_LINE_BYTES:
                     raise PackageDamaged(f"{path} has a line longer than {MAX_LINE_BYTES} bytes")
-            if pending:
+            if pending and containing in pending:
                 yield Line(stream.size - len(pending), stream.size, pending)
 
     def lines_containing(self, path: str, needle: bytes, start: int = 0) -> Iterator[Line]:

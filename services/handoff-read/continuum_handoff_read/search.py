@@ -34,10 +34,10 @@ from continuum_handoff_read.manifest import (
     DETAILS,
     FILES,
     RECORDS,
-    TextPart,
     Line,
     Package,
     RecordRow,
+    TextPart,
     detail_row,
     file_row,
     item_sessions,
@@ -153,9 +153,7 @@ class _Scan:
         # The loop below runs once per part (tens of thousands per package): what it uses, bound locally.
         buffer, view, query, carry_bytes = self.buffer, self.view, self.query, self.carry_bytes
         read_whole = self.package.files.read_whole
-        for line in self.package.lines(FILES, start.row):
-            if b'"text"' not in line.data:
-                continue  # raw and asset rows: not text
+        for line in self.package.lines(FILES, start.row, containing=b'"text"'):  # not raw rows, most assets
             row = text_part(line.data)
             if row is None:
                 continue
