@@ -302,8 +302,8 @@ def _object(data: bytes, where: str) -> dict[str, Any]:
 
 def file_row(data: bytes) -> FileRow:
     """A files.jsonl line, its path checked against merge's layout for its kind (the digest in the path
-    must be the row's record, or for an asset its sha256; a text part's number its part). Search parses
-    one per text part, so the layout is compared as a string, not matched by a pattern."""
+    must be the row's record, or for an asset its sha256; a text part's number its part), compared with
+    the path the layout gives (cheaper than a pattern per row)."""
     row = _object(data, FILES)
     get = row.get
     kind, path, record_ref, sha256, size, part, ref = (
