@@ -5,8 +5,8 @@ openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS) where the kernel has it, else by 
 component at a time with O_NOFOLLOW from the package directory's descriptor; then the file by its one
 checked name with O_NOFOLLOW from its directory's descriptor. Files are opened O_NONBLOCK (a planted
 FIFO cannot hang the call) and must be regular files (fstat); their size must be the registered one
-before a byte is used, and content handed out is checked against the registered sha256. Reads are
-bounded by the caller.
+before a byte is used, and content handed out is checked against the registered sha256 (search hashes
+a part only when it hands out an excerpt of it; see search.py). Reads are bounded by the caller.
 """
 
 from __future__ import annotations
@@ -151,6 +151,15 @@ class PackageFiles:
         descriptor = self.descriptor(relative, size)
         try:
             yield descriptor
+        finally:
+            os.close(descriptor)
+
+    def read_whole(self, relative: str, size: int, into: memoryview) -> None:
+        """Fill `into` (`size` bytes long) with the whole registered file `relative`."""
+        descriptor = self.descriptor(relative, size)
+        try:
+            if os.preadv(descriptor, [into], 0) != size:  # one read, almost always
+                read_into(descriptor, into, 0)
         finally:
             os.close(descriptor)
 

@@ -30,7 +30,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 import orjson
 
@@ -51,13 +51,15 @@ MAX_LINE_BYTES = 64 * 1024
 DETAIL_FILE_BYTES = 8 * 1024 * 1024
 SESSION_RAW_BYTES = 1024 * 1024
 BUFFER_BYTES = 1024 * 1024
+FIRST_BUFFER_BYTES = 64 * 1024
 
 HEX64 = re.compile(r"[0-9a-f]{64}")
-_PATHS = {
-    "raw": re.compile(r"raw/([0-9a-f]{64})\.json"),
-    "text": re.compile(r"text/([0-9a-f]{64})-(0|[1-9][0-9]{0,8})\.txt"),
-    "asset": re.compile(r"assets/([0-9a-f]{64})"),
-}
+# Merge numbers a record's text parts from 0; nine digits at most.
+_MAX_PART = 999_999_999
+
+
+def _is_hex64(value: object) -> TypeGuard[str]:
+    return type(value) is str and len(value) == 64 and not value.strip("0123456789abcdef")
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,23 @@ class FileRow(NamedTuple):
     sha256: str
     media_type: str
     attachment_id: str
+
+
+class TextPart(NamedTuple):
+    """A text part's files.jsonl row, parsed only as far as a search needs it (a search makes one per
+    part); `line` is the row itself, parsed whole by `file_row` for its sha256 when something from the
+    part is handed out."""
+
+    record_ref: str
+    part: int
+    size: int
+    path: str
+    line: bytes
+
+    @property
+    def ref(self) -> str:
+        """The part's ref."""
+        return f"r_{self.record_ref}:p{self.part}"
 
 
 @dataclass(frozen=True)
@@ -173,28 +192,33 @@ class Package:
             self._verified.add(path)
         return stream
 
-    def lines(self, path: str, start: int = 0) -> Iterator[Line]:
-        """The lines of a stream from byte `start` (a line start the reader handed out) on."""
+    def lines(self, path: str, start: int = 0, containing: bytes = b"") -> Iterator[Line]:
+        """The lines of a stream from byte `start` (a line start the reader handed out) on; only those
+        holding `containing`, when given (a cheap filter before any line is parsed)."""
         stream = self.stream(path)
         if not 0 <= start <= stream.size:
             raise PackageDamaged(f"{path} has no line at byte {start}")
         with self.files.open(stream.path, stream.size) as descriptor:
             offset = start
             pending = b""
+            # A page often stops after a few hundred lines: read small first, then larger buffers.
+            buffer_bytes = FIRST_BUFFER_BYTES
             while offset < stream.size:
                 self.deadline.check(f"reading {path}")
-                chunk = read_range(descriptor, offset, min(BUFFER_BYTES, stream.size - offset))
+                chunk = read_range(descriptor, offset, min(buffer_bytes, stream.size - offset))
+                buffer_bytes = min(2 * buffer_bytes, BUFFER_BYTES)
                 here = offset - len(pending)
                 offset += len(chunk)
                 lines = (pending + chunk if pending else chunk).split(b"\n")
                 pending = lines.pop()
                 for data in lines:
                     following = here + len(data) + 1
-                    yield Line(here, following, data)
+                    if containing in data:
+                        yield Line(here, following, data)
                     here = following
                 if len(pending) > MAX_LINE_BYTES:
                     raise PackageDamaged(f"{path} has a line longer than {MAX_LINE_BYTES} bytes")
-            if pending:
+            if pending and containing in pending:
                 yield Line(stream.size - len(pending), stream.size, pending)
 
     def lines_containing(self, path: str, needle: bytes, start: int = 0) -> Iterator[Line]:
@@ -278,24 +302,28 @@ def _object(data: bytes, where: str) -> dict[str, Any]:
 
 def file_row(data: bytes) -> FileRow:
     """A files.jsonl line, its path checked against merge's layout for its kind (the digest in the path
-    must be the row's record, or for an asset its sha256; a text part's number its part)."""
+    must be the row's record, or for an asset its sha256; a text part's number its part), compared with
+    the path the layout gives (cheaper than a pattern per row)."""
     row = _object(data, FILES)
     get = row.get
     kind, path, record_ref, sha256, size, part, ref = (
         get("kind"), get("path"), get("recordRef"), get("sha256"), get("bytes"), get("part"), get("ref")
     )  # fmt: skip
-    shape = _PATHS.get(kind) if type(kind) is str else None
-    matched = shape.fullmatch(path) if shape is not None and type(path) is str else None
+    layout = None
+    if _is_hex64(record_ref):
+        if kind == "text" and type(part) is int and 0 <= part <= _MAX_PART:
+            layout = f"text/{record_ref}-{part}.txt"
+        elif kind == "raw" and part is None:
+            layout = f"raw/{record_ref}.json"
+        elif kind == "asset" and type(part) is int and _is_hex64(sha256):
+            layout = f"assets/{sha256}"
     if not (
-        matched is not None
+        layout is not None
+        and path == layout
         and type(ref) is str
         and type(size) is int
         and size >= 0
         and type(sha256) is str
-        and matched.group(1) == (sha256 if kind == "asset" else record_ref)
-        and (part is None if kind == "raw" else type(part) is int)
-        and (kind != "text" or matched.group(2) == str(part))
-        and (kind != "asset" or (type(record_ref) is str and HEX64.fullmatch(record_ref)))
     ):
         raise PackageDamaged("snapshot/files.jsonl holds a row that is incomplete or names a path outside the layout")
     media_type, attachment_id = row.get("mediaType"), row.get("attachmentId")
@@ -310,6 +338,26 @@ def file_row(data: bytes) -> FileRow:
         media_type if isinstance(media_type, str) else "",
         attachment_id if isinstance(attachment_id, str) else "",
     )
+
+
+def text_part(data: bytes) -> TextPart | None:
+    """A files.jsonl line if it is a text part's (None for other kinds), its path checked against
+    merge's layout (the row's record and part number) as `file_row` checks it."""
+    row = _object(data, FILES)
+    get = row.get
+    if get("kind") != "text":
+        return None
+    record_ref, part, size, path = get("recordRef"), get("part"), get("bytes"), get("path")
+    if not (
+        _is_hex64(record_ref)
+        and type(part) is int
+        and 0 <= part <= _MAX_PART
+        and path == f"text/{record_ref}-{part}.txt"
+        and type(size) is int
+        and size >= 0
+    ):
+        raise PackageDamaged("snapshot/files.jsonl holds a row that is incomplete or names a path outside the layout")
+    return TextPart(record_ref, part, size, "snapshot/" + path, data)
 
 
 def record_row(data: bytes) -> RecordRow:

@@ -6,9 +6,20 @@ ever too long to search, and nothing is decoded but the excerpts). Each buffer i
 len(query) - 1 bytes before it, from the same file or from the previous part of the same record, so a
 match split across buffers or across two parts is found; a match lying wholly in those carried bytes
 was reported with the buffer before and is not reported again. A page scans at most 8 MiB of text,
-then answers with a cursor; `complete` is True only once every candidate was scanned. Every part
-scanned is checked against its registered size and sha256 (in memory when it was read whole), so
-neither an excerpt nor "no match" ever stands on altered bytes.
+then answers with a cursor; `complete` is True only once every candidate was scanned.
+
+Every part scanned is a regular file beneath the package of its registered size (checked on open), but
+its sha256 is computed only when something from it is handed out: before the first excerpt that shows
+its bytes (a match in it, or carried bytes of it before a match in the next part), in memory when the
+buffer holds the whole part, else by reading it again. Why that is enough: the package is sealed by
+merge and its chain ready.json -> manifest.json -> streams is verified before any row is used, so a
+part's bytes can differ only if someone altered the sealed package; such a part is refused
+(HANDOFF_PACKAGE_DAMAGED) before any of its bytes reach the model, and "no match" over a part of its
+registered size is accepted. Hashing every scanned part was a third of the search's CPU time.
+
+The scan is one thread. Reader threads prefetching the next parts were measured and lost (more CPU, no
+less wall time): each part costs four short syscalls (open, fstat, read, close), and every return from
+one needs the GIL back from the scanning thread, so the handoffs cost more than the overlap gains.
 """
 
 from __future__ import annotations
@@ -27,14 +38,15 @@ from continuum_handoff_read.manifest import (
     DETAILS,
     FILES,
     RECORDS,
-    FileRow,
     Line,
     Package,
     RecordRow,
+    TextPart,
     detail_row,
     file_row,
     item_sessions,
     record_row,
+    text_part,
 )
 from continuum_handoff_read.results import Entry, Page, ToolResult, utf8_end, utf8_start
 
@@ -80,7 +92,7 @@ class _Records:
     current: RecordRow | None = None
     offset: int = 0
 
-    def of(self, row: FileRow) -> RecordRow:
+    def of(self, row: TextPart) -> RecordRow:
         while self.current is None or self.current.record_ref != row.record_ref:
             line = next(self.lines, None)
             if line is None:
@@ -114,50 +126,79 @@ class _Scan:
             raise BudgetExceeded("the call's time budget ran out before the search could scan anything")
         return True
 
-    def verify(self, row: FileRow) -> None:
-        if row.path not in self.verified:
+    def verify(self, part: TextPart, whole: memoryview | None = None) -> None:
+        """Check a part against its registered sha256 before anything from it is handed out: `whole`,
+        the part as scanned, when the buffer held all of it, else the file read again."""
+        if part.path in self.verified:
+            return
+        row = file_row(part.line)
+        if whole is None:
             self.package.files.verify(row.path, row.size, row.sha256, self.package.deadline)
-            self.verified.add(row.path)
+        elif hashlib.sha256(whole).hexdigest() != row.sha256:
+            raise PackageDamaged(f"{row.path} does not match its registered sha256")
+        self.verified.add(part.path)
 
     def records(self, start: Position) -> _Stop | None:
         """Scan the text parts from `start` on."""
         records = None
         if self.members is not None:
             records = _Records(self.package.lines(RECORDS, start.record), offset=start.record)
-        previous: FileRow | None = None
+        previous: TextPart | None = None
         previous_offset = -1
         tail = b""
         if start.previous >= 0:
             previous_offset = start.previous
-            previous = file_row(next(self.package.lines(FILES, start.previous)).data)
+            previous = text_part(next(self.package.lines(FILES, start.previous)).data)
+            if previous is None:
+                raise CursorRefused("cursor", "does not follow a text part")
             tail = self.package.files.read(
                 previous.path, previous.size, max(0, previous.size - self.carry_bytes), self.carry_bytes
             )
-        for line in self.package.lines(FILES, start.row):
-            if b'"text"' not in line.data:
-                continue  # raw and asset rows: not text
-            row = file_row(line.data)
-            if row.kind != "text":
+        # The loop below runs once per part (tens of thousands per package): what it uses, bound locally.
+        buffer, view, query, carry_bytes = self.buffer, self.view, self.query, self.carry_bytes
+        read_whole = self.package.files.read_whole
+        for line in self.package.lines(FILES, start.row, containing=b'"text"'):  # not raw rows, most assets
+            row = text_part(line.data)
+            if row is None:
                 continue
             if records is not None and records.of(row).session_id not in self.members:  # type: ignore[operator]
                 continue
-            if not (previous and previous.record_ref == row.record_ref and previous.part == (row.part or 0) - 1):
+            if not (previous and previous.record_ref == row.record_ref and previous.part == row.part - 1):
                 previous, previous_offset, tail = None, -1, b""
-            resumed = line.offset == start.row
-            where = _Where(
-                line.offset,
-                start.at if resumed else 0,
-                start.skip if resumed else 0,
-                previous_offset,
-                records.offset if records is not None else 0,
-            )
-            stop, tail = self._file(where, row, previous, tail)
-            if stop is not None:
-                return stop
+            size = row.size
+            if line.offset != start.row and self.scanned + size <= SCAN_BYTES and size <= BUFFER_BYTES:
+                # The common case, kept lean: a whole part from its first byte, within the page's budget
+                # (an empty part on a spent budget goes the long way, which stops there).
+                if self.scanned == SCAN_BYTES or self.out_of_time():
+                    where = _Where(line.offset, 0, 0, previous_offset, records.offset if records is not None else 0)
+                    return _Stop(_BUDGET if self.scanned == SCAN_BYTES else _TIME, where.position(0, 0))
+                kept = len(tail)
+                end = kept + size
+                buffer[:kept] = tail
+                read_whole(row.path, size, view[kept:end])
+                self.scanned += size
+                if buffer.find(query, 0, end) >= 0:
+                    where = _Where(line.offset, 0, 0, previous_offset, records.offset if records is not None else 0)
+                    stop = self._matches(where, row, previous, kept, end, 0)
+                    if stop is not None:
+                        return stop
+                tail = bytes(view[max(0, end - carry_bytes) : end]) if carry_bytes else b""
+            else:
+                resumed = line.offset == start.row
+                where = _Where(
+                    line.offset,
+                    start.at if resumed else 0,
+                    start.skip if resumed else 0,
+                    previous_offset,
+                    records.offset if records is not None else 0,
+                )
+                stop, tail = self._file(where, row, previous, tail)
+                if stop is not None:
+                    return stop
             previous, previous_offset = row, line.offset
         return None
 
-    def _file(self, where: _Where, row: FileRow, previous: FileRow | None, tail: bytes) -> tuple[_Stop | None, bytes]:
+    def _file(self, where: _Where, row: TextPart, previous: TextPart | None, tail: bytes) -> tuple[_Stop | None, bytes]:
         """Scan one text part from `where.at` on; a stop, or the bytes to carry into the next part."""
         at, skip = where.at, where.skip
         if at > row.size:
@@ -181,37 +222,46 @@ class _Scan:
                 end = kept + length
                 read_into(descriptor, self.view[kept:end], at)
                 self.scanned += length
-                if length == row.size:
-                    # A whole part in one buffer (merge's parts are at most 32 KiB): checked in memory.
-                    if hashlib.sha256(self.view[kept:end]).hexdigest() != row.sha256:
-                        raise PackageDamaged(f"{row.path} does not match its registered sha256")
-                    self.verified.add(row.path)
-                reported = 0
-                position = 0
-                while (found := buffer.find(self.query, position, end)) >= 0:
-                    position = found + len(self.query)
-                    if position <= kept:
-                        continue  # wholly in the carried bytes: reported with the buffer before
-                    reported += 1
-                    if reported <= skip:
-                        continue
-                    if not self.page.add(self._match(end, found, at - kept, row, previous)):
-                        return _Stop(_OUTPUT, where.position(at, reported - 1)), b""
+                stop = self._matches(where, row, previous, kept, end, at, skip)
+                if stop is not None:
+                    return stop, b""
                 skip = 0
                 carry = bytes(self.view[max(0, end - self.carry_bytes) : end]) if self.carry_bytes else b""
                 at += length
                 if at >= row.size:
-                    if row.path not in self.verified:
-                        self.verify(row)  # scanned in pieces: read once more to check it whole
                     return None, carry
         finally:
             os.close(descriptor)
 
-    def _match(self, end: int, found: int, base: int, row: FileRow, previous: FileRow | None) -> Entry:
+    def _matches(
+        self, where: _Where, row: TextPart, previous: TextPart | None, kept: int, end: int, at: int, skip: int = 0
+    ) -> _Stop | None:
+        """Report the matches in buffer[:end], which holds `kept` carried bytes and then `row`'s bytes from
+        `at`, after the first `skip` of them; a stop when the page is full."""
+        buffer = self.buffer
+        # A whole part in one buffer (merge's parts are at most 32 KiB) is checked in memory, on the very
+        # bytes an excerpt shows.
+        whole = self.view[kept:end] if at == 0 and end - kept == row.size else None
+        reported = 0
+        position = 0
+        while (found := buffer.find(self.query, position, end)) >= 0:
+            position = found + len(self.query)
+            if position <= kept:
+                continue  # wholly in the carried bytes: reported with the buffer before
+            reported += 1
+            if reported <= skip:
+                continue
+            if not self.page.add(self._match(end, found, at - kept, row, previous, whole)):
+                return _Stop(_OUTPUT, where.position(at, reported - 1))
+        return None
+
+    def _match(
+        self, end: int, found: int, base: int, row: TextPart, previous: TextPart | None, whole: memoryview | None
+    ) -> Entry:
         """The entry of a match at buffer[found:] (the buffer holds `end` bytes; buffer[0] is byte `base`
-        of `row`, negative: the carried bytes from the end of `previous`); every file it shows is
-        verified first."""
-        self.verify(row)
+        of `row`, negative: the carried bytes from the end of `previous`; `whole`: all of `row`, when the
+        buffer holds it); every file it shows is verified first."""
+        self.verify(row, whole)
         if base < 0 and previous is not None:
             self.verify(previous)
         offset = base + found

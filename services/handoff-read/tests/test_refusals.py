@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from package_testing import PackageBuilder, replace_file
+from package_testing import TEXT_PART_BYTES, PackageBuilder, replace_file
 from test_search import KEY, call
 
 from continuum_handoff_read import errors, files
@@ -114,8 +114,55 @@ def test_a_planted_symlink_fifo_or_altered_part_is_refused_as_damage(package: tu
     threading.Thread(target=run, daemon=True).start()
     assert done.wait(10), "the read hung on a planted file"
     assert isinstance(outcome[0], errors.PackageDamaged), outcome
+    # A symlink or FIFO is refused by any search that reaches it; altered bytes of the registered size
+    # once a match would show them (the planted bytes are all "y").
     with pytest.raises(errors.PackageDamaged):
-        call(root, version, action="search", query="FINDME")
+        call(root, version, action="search", query="yyyy" if how == "tampered" else "FINDME")
+
+
+def test_an_altered_part_is_refused_before_any_excerpt_of_it_leaves(tmp_path: Path) -> None:
+    """Search hashes a part only when something from it is handed out: an altered part with a match
+    fails the whole call (no page, so no excerpt of it or of the parts before it on the page); one
+    without a match, of its registered size, is scanned like any other."""
+    root = tmp_path / "op-altered"
+    builder = PackageBuilder(root)
+    builder.session("a", "a")
+    before = builder.message("a", 1, "an intact ALTERED_NEEDLE before the altered part")
+    altered = builder.message("a", 2, "the ALTERED_NEEDLE in the part that will change")
+    after = builder.message("a", 3, "an intact ALTERED_NEEDLE after it")
+    version = builder.finish()
+    part = root / "snapshot" / "text" / f"{altered}-0.txt"
+    part.write_bytes(part.read_bytes().replace(b"the ", b"THE "))
+
+    with pytest.raises(errors.PackageDamaged):
+        call(root, version, action="search", query="ALTERED_NEEDLE")
+    with pytest.raises(errors.PackageDamaged):
+        call(root, version, action="search", query="ALTERED_NEEDLE", limit=2)  # the page fills with it
+    with pytest.raises(errors.PackageDamaged):
+        call(root, version, action="search", query="ALTERED_NEEDLE", source_id="a")
+    # A query without a match in the altered part: its bytes never leave, so the search answers.
+    intact = call(root, version, action="search", query="an intact ALTERED_NEEDLE")
+    assert intact.complete
+    assert [entry.ref for entry in intact.entries] == [f"r_{before}:p0", f"r_{after}:p0"]
+    nothing = call(root, version, action="search", query="NOT_IN_THE_PACKAGE")
+    assert (nothing.complete, nothing.entries) == (True, ())
+    with pytest.raises(errors.PackageDamaged):
+        call(root, version, action="search", query="THE ALTERED")  # only the altered bytes hold it
+
+
+def test_a_match_across_a_cut_is_refused_when_the_part_before_the_cut_was_altered(tmp_path: Path) -> None:
+    root = tmp_path / "op-cut-altered"
+    builder = PackageBuilder(root)
+    builder.session("a", "a")
+    needle = b"ACROSS_AN_ALTERED_CUT"
+    ref = builder.message("a", 1, b"x" * (TEXT_PART_BYTES - 7) + needle + b"y" * 100)
+    version = builder.finish()
+    assert call(root, version, action="search", query=needle.decode()).entries
+    head = root / "snapshot" / "text" / f"{ref}-0.txt"
+    head.write_bytes(b"z" + head.read_bytes()[1:])  # the same size; the match's head bytes unchanged
+
+    with pytest.raises(errors.PackageDamaged):
+        call(root, version, action="search", query=needle.decode())
 
 
 def test_a_symlinked_directory_inside_the_package_is_refused(package: tuple[Path, str, str], tmp_path: Path) -> None:
@@ -191,7 +238,7 @@ class StepClock:
 def test_a_spent_deadline_is_budget_exceeded_and_a_late_one_ends_the_page_with_a_cursor(
     package: tuple[Path, str, str],
 ) -> None:
-    root, version, _ = package
+    root, version, ref = package
     with pytest.raises(errors.BudgetExceeded) as spent:
         execute(root, version, '{"action": "list"}', cursor_key=KEY, deadline=Deadline(StepClock(20)))
     assert spent.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -206,6 +253,14 @@ def test_a_spent_deadline_is_budget_exceeded_and_a_late_one_ends_the_page_with_a
     assert not late.complete
     assert "time budget" in late.warning
     assert late.next_cursor
+    # Its cursor resumes at the part the clock stopped before: the match is found, once.
+    found = list(late.entries)
+    cursor = late.next_cursor
+    while cursor:
+        page = call(root, version, action="search", query="FINDME", cursor=cursor)
+        found += page.entries
+        cursor = "" if page.complete else page.next_cursor
+    assert [entry.ref for entry in found] == [f"r_{ref}:p0"]
 
 
 def test_without_openat2_the_walk_refuses_the_same_planted_directory(
