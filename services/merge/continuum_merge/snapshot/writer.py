@@ -35,27 +35,44 @@ STREAM_BUFFER_BYTES = 1024 * 1024
 WRITER_THREADS = 8
 
 
-# glibc's mallopt parameter and the size from which allocations are always their own mapping.
+# glibc's mallopt parameter and the size from which allocations are always their own mapping: pages
+# of messages and the records made of them (up to a few MiB; a message is at most 16 MiB) come from the
+# heap and are reused, instead of each buffer being a fresh mapping whose pages are faulted in, zeroed
+# and unmapped again (which cost as much CPU as creating the package's files). 32 MiB is glibc's limit.
 M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD_BYTES = 128 * 1024
+MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
+# The heap's free pages are handed back once the process holds more than this, so its memory stays
+# flat however long the history is, without trimming (and faulting the pages in again) every page.
+TRIM_ABOVE_RESIDENT_BYTES = 160 * 1024 * 1024
 
 
 _LIBC = ctypes.CDLL(None)
+_STATM = Path("/proc/self/statm")
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
 def release_free_memory() -> None:
-    """Hand the allocator's free pages back to the system (glibc's malloc_trim; a no-op elsewhere), so
-    the buffers of the pages already written do not pile up as resident memory over a long copy."""
+    """Hand the allocator's free pages back to the system (glibc's malloc_trim; a no-op elsewhere) once
+    the process's resident memory exceeds TRIM_ABOVE_RESIDENT_BYTES, so the buffers of the pages
+    already written do not pile up as resident memory over a long copy."""
     trim = getattr(_LIBC, "malloc_trim", None)
-    if trim is not None:
+    if trim is not None and _resident_bytes() > TRIM_ABOVE_RESIDENT_BYTES:
         trim(0)
 
 
+def _resident_bytes() -> int:
+    """This process's resident set size (Linux's /proc/self/statm; 0 where there is none)."""
+    try:
+        return int(_STATM.read_bytes().split()[1]) * _PAGE_BYTES
+    except OSError:
+        return 0
+
+
 def pin_allocator_threshold() -> None:
-    """Keep glibc from raising its mmap threshold as large blocks are freed (its default): otherwise
-    the copy's stream of 32 KiB-2 MiB buffers lands on the heap, which fragments and makes the process's
-    memory creep with the history's size. A process-wide setting, harmless elsewhere; a no-op without
-    glibc."""
+    """Fix glibc's mmap threshold at MMAP_THRESHOLD_BYTES (by default it moves as large blocks are
+    freed, and the copy's stream of 32 KiB-2 MiB buffers then lands on the heap or not by chance,
+    which fragments it and makes the process's memory creep with the history's size). A process-wide
+    setting, harmless elsewhere; a no-op without glibc."""
     mallopt = getattr(_LIBC, "mallopt", None)
     if mallopt is not None:
         mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
@@ -66,9 +83,9 @@ def disk_free(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
-# A record handed to the writer threads: its assets' files rows and (path, bytes, sha256 to come) of
-# its raw file and text parts.
-_PendingRecord = tuple[PreparedRecord, Sequence[Mapping[str, Any]], list[tuple[str, int, Future[str]]]]
+# A record handed to the writer threads: its assets' files rows and the (bytes, sha256) of its raw file
+# and text parts to come.
+_PendingRecord = tuple[PreparedRecord, Sequence[Mapping[str, Any]], Future[list[tuple[int, str]]]]
 
 
 class JsonlStream:
@@ -187,15 +204,12 @@ class PackageWriter:
         flight."""
         submitted: list[_PendingRecord] = []
         for record, assets in batch:
-            contents = [(raw_path(record.record_ref), record.raw)]
-            contents += [
-                (text_path(record.record_ref, part), data) for part, data in enumerate(utf8_parts(record.text))
-            ]
-            self.reserve(sum(len(data) for _, data in contents))
-            files = [
-                (path, len(data), self._pool.submit(_write_new, self.staging / path, data)) for path, data in contents
-            ]
-            submitted.append((record, assets, files))
+            # The text parts are views of the record's text: cut without copying a byte.
+            contents: list[bytes | memoryview] = [record.raw, *utf8_parts(memoryview(record.text))]
+            self.reserve(sum(len(data) for data in contents))
+            submitted.append(
+                (record, assets, self._pool.submit(_write_record, self.staging, record.record_ref, contents))
+            )
         self.flush()
         self._pending = submitted
         self._pending_refs = {record.record_ref for record, _, _ in submitted}
@@ -203,14 +217,15 @@ class PackageWriter:
 
     def flush(self) -> None:
         """Wait for the files of the records in flight and write their files rows and records lines."""
-        for record, assets, files in self._pending:
+        for record, assets, written in self._pending:
             ref = record.record_ref
-            for part, (path, size, written) in enumerate(files, start=-1):
-                row: dict[str, Any] = {"ref": f"r_{ref}", "part": None, "kind": "raw"}
-                if part >= 0:
-                    row = {"ref": f"r_{ref}:p{part}", "part": part, "kind": "text"}
-                sha = written.result()
-                self.streams[FILES].write({**row, "recordRef": ref, "path": path, "bytes": size, "sha256": sha})
+            files = written.result()
+            for part, (size, sha) in enumerate(files, start=-1):
+                if part < 0:
+                    row: dict[str, Any] = {"ref": f"r_{ref}", "part": None, "kind": "raw", "path": raw_path(ref)}
+                else:
+                    row = {"ref": f"r_{ref}:p{part}", "part": part, "kind": "text", "path": text_path(ref, part)}
+                self.streams[FILES].write({**row, "recordRef": ref, "bytes": size, "sha256": sha})
                 self.byte_count += size
             for asset in assets:
                 self.streams[FILES].write({**asset, "recordRef": ref})
@@ -260,10 +275,23 @@ class PackageWriter:
             stream.close()
 
 
-def _write_new(path: Path, data: bytes) -> str:
-    """Create `path` (it must not exist) holding `data`, on disk; the sha256 of `data`."""
-    write_durable(path, data)
-    return hashlib.sha256(data).hexdigest()
+def _write_record(staging: Path, record_ref: str, contents: Sequence[bytes | memoryview]) -> list[tuple[int, str]]:
+    """Create a record's raw file and text parts (`contents`, raw first; none may exist yet), each on
+    disk when this returns; their sizes and sha256s. Plain descriptors: one open, write, fsync and
+    close per file, nothing buffered or copied on the way."""
+    written: list[tuple[int, str]] = []
+    for part, data in enumerate(contents, start=-1):
+        path = staging / (raw_path(record_ref) if part < 0 else text_path(record_ref, part))
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        try:
+            done = os.write(descriptor, data)
+            while done < len(data):
+                done += os.write(descriptor, memoryview(data)[done:])
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        written.append((len(data), hashlib.sha256(data).hexdigest()))
+    return written
 
 
 def fresh_directory(path: Path) -> None:
