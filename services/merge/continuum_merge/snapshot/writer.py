@@ -35,44 +35,30 @@ STREAM_BUFFER_BYTES = 1024 * 1024
 WRITER_THREADS = 8
 
 
-# glibc's mallopt parameter and the size from which allocations are always their own mapping: pages
-# of messages and the records made of them (up to a few MiB; a message is at most 16 MiB) come from the
-# heap and are reused, instead of each buffer being a fresh mapping whose pages are faulted in, zeroed
-# and unmapped again (which cost as much CPU as creating the package's files). 32 MiB is glibc's limit.
+# glibc's mallopt parameter and the size from which allocations are always their own mapping: the
+# buffers of a page of messages and of the records made of it (up to a few MiB; a message is at most
+# 16 MiB) come from the heap and are reused within the page, instead of each being a fresh mapping
+# whose memory is faulted in, zeroed and unmapped again. 32 MiB is glibc's largest threshold.
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
-# The heap's free pages are handed back once the process holds more than this, so its memory stays
-# flat however long the history is, without trimming (and faulting the pages in again) every page.
-TRIM_ABOVE_RESIDENT_BYTES = 160 * 1024 * 1024
 
 
 _LIBC = ctypes.CDLL(None)
-_STATM = Path("/proc/self/statm")
-_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
 def release_free_memory() -> None:
-    """Hand the allocator's free pages back to the system (glibc's malloc_trim; a no-op elsewhere) once
-    the process's resident memory exceeds TRIM_ABOVE_RESIDENT_BYTES, so the buffers of the pages
-    already written do not pile up as resident memory over a long copy."""
+    """Hand the allocator's free pages back to the system (glibc's malloc_trim; a no-op elsewhere), so
+    the buffers of the pages already written do not pile up as resident memory over a long copy."""
     trim = getattr(_LIBC, "malloc_trim", None)
-    if trim is not None and _resident_bytes() > TRIM_ABOVE_RESIDENT_BYTES:
+    if trim is not None:
         trim(0)
-
-
-def _resident_bytes() -> int:
-    """This process's resident set size (Linux's /proc/self/statm; 0 where there is none)."""
-    try:
-        return int(_STATM.read_bytes().split()[1]) * _PAGE_BYTES
-    except OSError:
-        return 0
 
 
 def pin_allocator_threshold() -> None:
     """Fix glibc's mmap threshold at MMAP_THRESHOLD_BYTES (by default it moves as large blocks are
-    freed, and the copy's stream of 32 KiB-2 MiB buffers then lands on the heap or not by chance,
-    which fragments it and makes the process's memory creep with the history's size). A process-wide
-    setting, harmless elsewhere; a no-op without glibc."""
+    freed, so whether the copy's stream of 32 KiB-2 MiB buffers lands on the heap is left to chance,
+    which fragments it and makes the process's memory creep with the history's size; fixed and trimmed
+    after every page, it stays flat). A process-wide setting, harmless elsewhere; a no-op without glibc."""
     mallopt = getattr(_LIBC, "mallopt", None)
     if mallopt is not None:
         mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
