@@ -89,9 +89,11 @@ def prepare_message(message: tpb.Message, root_session_id: str) -> PreparedRecor
         {"toolCallId": call.tool_call_id, "name": call.name, "arguments": call.arguments} for call in message.tool_calls
     ]
     semantic = {key: value for key, value in metadata.items() if key not in NON_SEMANTIC_METADATA}
+    # The content (nearly all of a message's bytes) is serialized once and spliced verbatim into both
+    # the version's JSON and the raw record: the same bytes canonical() gives for it in place.
     said = {
         "role": role,
-        "content": content,
+        "content": orjson.Fragment(canonical(content)),
         "toolCalls": tool_calls,
         "toolCallId": message.tool_call_id,
         "status": status,
