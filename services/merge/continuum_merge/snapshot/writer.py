@@ -33,6 +33,9 @@ from continuum_merge.snapshot.records import PreparedRecord, canonical, utf8_par
 RESERVE_CHECK_BYTES = 4 * 1024 * 1024
 STREAM_BUFFER_BYTES = 1024 * 1024
 WRITER_THREADS = 8
+# Files one writer task creates in turn: few tasks for the many small records, yet a long message's
+# parts spread over the threads.
+FILES_PER_TASK = 16
 
 
 # glibc's mallopt parameter and the size from which allocations are always their own mapping: the
@@ -70,8 +73,8 @@ def disk_free(path: Path) -> int:
 
 
 # A record handed to the writer threads: its assets' files rows and the (bytes, sha256) of its raw file
-# and text parts to come.
-_PendingRecord = tuple[PreparedRecord, Sequence[Mapping[str, Any]], Future[list[tuple[int, str]]]]
+# and text parts to come, in tasks of at most FILES_PER_TASK files.
+_PendingRecord = tuple[PreparedRecord, Sequence[Mapping[str, Any]], list[Future[list[tuple[int, str]]]]]
 
 
 class JsonlStream:
@@ -190,12 +193,18 @@ class PackageWriter:
         flight."""
         submitted: list[_PendingRecord] = []
         for record, assets in batch:
+            ref = record.record_ref
             # The text parts are views of the record's text: cut without copying a byte.
             contents: list[bytes | memoryview] = [record.raw, *utf8_parts(memoryview(record.text))]
             self.reserve(sum(len(data) for data in contents))
-            submitted.append(
-                (record, assets, self._pool.submit(_write_record, self.staging, record.record_ref, contents))
-            )
+            files = [(raw_path(ref), contents[0])] + [
+                (text_path(ref, part), data) for part, data in enumerate(contents[1:])
+            ]
+            tasks = [
+                self._pool.submit(_write_files, self.staging, files[start : start + FILES_PER_TASK])
+                for start in range(0, len(files), FILES_PER_TASK)
+            ]
+            submitted.append((record, assets, tasks))
         self.flush()
         self._pending = submitted
         self._pending_refs = {record.record_ref for record, _, _ in submitted}
@@ -203,9 +212,9 @@ class PackageWriter:
 
     def flush(self) -> None:
         """Wait for the files of the records in flight and write their files rows and records lines."""
-        for record, assets, written in self._pending:
+        for record, assets, tasks in self._pending:
             ref = record.record_ref
-            files = written.result()
+            files = [file for task in tasks for file in task.result()]
             for part, (size, sha) in enumerate(files, start=-1):
                 if part < 0:
                     row: dict[str, Any] = {"ref": f"r_{ref}", "part": None, "kind": "raw", "path": raw_path(ref)}
@@ -261,14 +270,13 @@ class PackageWriter:
             stream.close()
 
 
-def _write_record(staging: Path, record_ref: str, contents: Sequence[bytes | memoryview]) -> list[tuple[int, str]]:
-    """Create a record's raw file and text parts (`contents`, raw first; none may exist yet), each on
-    disk when this returns; their sizes and sha256s. Plain descriptors: one open, write, fsync and
-    close per file, nothing buffered or copied on the way."""
+def _write_files(staging: Path, files: Sequence[tuple[str, bytes | memoryview]]) -> list[tuple[int, str]]:
+    """Create each (package path, bytes) of `files` (none may exist yet), on disk when this returns;
+    their sizes and sha256s. Plain descriptors: one open, write, fsync and close per file, nothing
+    buffered or copied on the way."""
     written: list[tuple[int, str]] = []
-    for part, data in enumerate(contents, start=-1):
-        path = staging / (raw_path(record_ref) if part < 0 else text_path(record_ref, part))
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    for path, data in files:
+        descriptor = os.open(staging / path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
         try:
             done = os.write(descriptor, data)
             while done < len(data):
