@@ -38,6 +38,12 @@ async def attachment_media_types(connection: AsyncConnection, session_id: str, r
 
 async def with_media_types(connection: AsyncConnection, rows: Sequence[Mapping[Any, Any]]) -> list[pb.Message]:
     """Stored rows (or stubs) as Message resources, with the media types of the attachments they refer to."""
+    known = await media_types_of(connection, rows)
+    return [convert.message(row, known) for row in rows]
+
+
+async def media_types_of(connection: AsyncConnection, rows: Sequence[Mapping[Any, Any]]) -> dict[str, str]:
+    """The media types of the attachments stored rows (not stubs) refer to, by attachment id."""
     wanted = sorted(
         {
             attachment_id
@@ -46,8 +52,7 @@ async def with_media_types(connection: AsyncConnection, rows: Sequence[Mapping[A
             for attachment_id in attachment_ids(row["content"])
         }
     )
-    known = await _media_types(connection, wanted) if wanted else {}
-    return [convert.message(row, known) for row in rows]
+    return await _media_types(connection, wanted) if wanted else {}
 
 
 async def _media_types(connection: AsyncConnection, ids: list[str], *conditions: ColumnElement[bool]) -> dict[str, str]:
