@@ -3,6 +3,8 @@ spliced), a crash after it leaves a snapshot that verifies, and a short disk sto
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from continuum_merge.snapshot import (
     build_snapshot,
     verify_snapshot,
 )
-from continuum_merge.snapshot.records import utf8_parts
+from continuum_merge.snapshot.records import prepare_message, utf8_parts
 
 MIB = 1024 * 1024
 
@@ -119,6 +121,58 @@ def test_text_parts_end_on_code_point_boundaries() -> None:
     assert parts[0] == b"a" * 32767  # the euro sign (3 bytes) would have crossed the limit
     assert [part.decode() for part in parts]
     assert list(utf8_parts(b"")) == [b""]
+    # A view is cut into views of the same bytes.
+    views = list(utf8_parts(memoryview(text)))
+    assert all(isinstance(view, memoryview) for view in views)
+    assert [bytes(view) for view in views] == parts
+
+
+def _canonical(value: object) -> bytes:
+    """Canonical JSON spelled with the standard library, independently of the code under test."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def test_a_message_version_and_raw_record_are_the_canonical_json_of_what_it_says() -> None:
+    message = tpb.Message(
+        message_id=7,
+        session_id="s",
+        role=tpb.MESSAGE_ROLE_TOOL,
+        status=tpb.MESSAGE_STATUS_COMPLETE,
+        tool_call_id="call-1",
+        result_truncated=True,
+        content=[
+            tpb.ContentPart(text='quote " backslash \\ newline \n tab \t euro € emoji 🙂 control \x01'),
+            tpb.ContentPart(attachment=tpb.AttachmentReference(attachment_id="att-1", media_type="image/png")),
+        ],
+    )
+    message.metadata.update({"usage": {"tokens": 3}, "exit": {"code": 1, "signal": None}})
+    record = prepare_message(message, "root")
+    content = [
+        {"text": message.content[0].text},
+        {"attachment": {"attachmentId": "att-1", "mediaType": "image/png"}},
+    ]
+    said = {
+        "role": "TOOL",
+        "content": content,
+        "toolCalls": [],
+        "toolCallId": "call-1",
+        "status": "COMPLETE",
+        "metadata": {"exit": {"code": 1.0, "signal": None}},
+    }
+    version = hashlib.sha256(_canonical(said)).hexdigest()
+    origin = {"kind": "message", "sessionId": "s", "recordId": "7", "version": version}
+    ref = hashlib.sha256(_canonical({"kind": "message", "sessionId": "s", "recordId": "7", "version": version}))
+    assert record.origin == origin
+    assert record.record_ref == ref.hexdigest()
+    raw = {
+        "recordRef": ref.hexdigest(),
+        "origin": origin,
+        "rootSessionId": "root",
+        "createdAt": "",
+        "message": {**said, "metadata": {"usage": {"tokens": 3.0}, "exit": {"code": 1.0, "signal": None}},
+                    "resultTruncated": True},
+    }  # fmt: skip
+    assert record.raw == _canonical(raw)
 
 
 async def test_a_history_rewritten_after_the_cut_is_not_spliced(tmp_path: Path, database_url: str) -> None:

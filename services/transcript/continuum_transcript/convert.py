@@ -64,19 +64,22 @@ def content_part(part: dict[str, Any], media_types: dict[str, str]) -> pb.Conten
     return pb.ContentPart(text=part["text"])
 
 
-def message(row: Mapping[Any, Any], media_types: dict[str, str] | None = None) -> pb.Message:
-    """The Message resource of a row: whole, or a stub for a light row (see `bodies.stub_row`)."""
-    message = pb.Message(
-        message_id=row["message_id"],
-        session_id=row["session_id"],
-        role=row["role"],
-        tool_call_id=row["tool_call_id"],
-        status=row["status"],
-        deleted=row["deleted"],
-        create_time=timestamp(row["create_ms"]),
-        result_truncated=row["result_truncated"],
-        body_bytes=row["body_bytes"],
-    )
+def message(
+    row: Mapping[Any, Any], media_types: dict[str, str] | None = None, *, into: pb.Message | None = None
+) -> pb.Message:
+    """The Message resource of a row: whole, or a stub for a light row (see `bodies.stub_row`). Written
+    into `into` when given (an empty message already inside a response: its body is not copied again)."""
+    message = pb.Message() if into is None else into
+    message.message_id = row["message_id"]
+    message.session_id = row["session_id"]
+    message.role = row["role"]
+    message.tool_call_id = row["tool_call_id"]
+    message.status = row["status"]
+    message.deleted = row["deleted"]
+    if row["create_ms"] is not None:
+        message.create_time.FromMilliseconds(row["create_ms"])
+    message.result_truncated = row["result_truncated"]
+    message.body_bytes = row["body_bytes"]
     if row.get("body_deferred"):
         message.body_deferred = True
         message.preview = row["preview"]

@@ -234,11 +234,16 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
             rows, more = await messages.list_after(
                 connection, owner, session_id, start, size, self._settings.list_page_bytes
             )
-            page = await messages.with_media_types(connection, rows)
-        token = ""
-        if more and page:
-            token = self._messages_pages.issue(MessagesCursor(after_message_id=page[-1].message_id), parameters)
-        return api.ListMessagesAfterResponse(messages=page, next_page_token=token)
+            known = await messages.media_types_of(connection, rows)
+        response = api.ListMessagesAfterResponse()
+        # Built in place: a page holds megabytes of bodies, which a list of messages handed to the
+        # response would be copied once more for.
+        for row in rows:
+            convert.message(row, known, into=response.messages.add())
+        if more and rows:
+            cursor = MessagesCursor(after_message_id=rows[-1]["message_id"])
+            response.next_page_token = self._messages_pages.issue(cursor, parameters)
+        return response
 
     async def ListMessagePage(
         self, request: api.ListMessagePageRequest, context: Context

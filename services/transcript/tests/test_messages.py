@@ -26,7 +26,8 @@ async def _all_after(client: TranscriptClient, session_id: str, after: int, page
 
 async def test_batch_gets_increasing_ids_and_round_trips(transcript: TranscriptClient) -> None:
     sid = await create_session(transcript)
-    sent = [user("run the tests"), assistant("running", "call-1"), tool("call-1", "ok\x00binary"), assistant("done")]
+    said = 'done: "é" \\ € 🙂\n\t\u2028'
+    sent = [user("run the tests"), assistant("running", "call-1"), tool("call-1", "ok\x00binary"), assistant(said)]
     sent[2].metadata.update({"exitCode": 0})
     response = await transcript.stub.AppendMessages(
         api.AppendMessagesRequest(session_id=sid, messages=sent), metadata=transcript.as_user("alice")
@@ -37,7 +38,7 @@ async def test_batch_gets_increasing_ids_and_round_trips(transcript: TranscriptC
     # The answered create_time is the one every message of the batch was stored with.
     assert {m.create_time.ToMilliseconds() for m in stored} == {response.create_time.ToMilliseconds()}
     assert [m.message_id for m in stored] == ids
-    assert [m.content[0].text for m in stored] == ["run the tests", "running", "ok\x00binary", "done"]
+    assert [m.content[0].text for m in stored] == ["run the tests", "running", "ok\x00binary", said]
     assert stored[1].tool_calls[0].tool_call_id == "call-1" and stored[2].tool_call_id == "call-1"
     assert stored[2].metadata["exitCode"] == 0
     assert all(m.status == pb.MESSAGE_STATUS_COMPLETE and not m.deleted for m in stored)

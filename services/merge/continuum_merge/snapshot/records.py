@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from google.protobuf import json_format
@@ -25,6 +25,9 @@ NON_SEMANTIC_METADATA = frozenset({"usage", "handoffOrigin"})
 # Tool metadata whose display snapshot the text projection leaves out (the raw record keeps it).
 EDIT_DIFF_SCHEMA = "edit-diff/v1"
 EDIT_DIFF_DISPLAY_KEY = "structuredResult"
+
+# UTF-8 bytes, or a view of them.
+Utf8 = TypeVar("Utf8", bytes, memoryview)
 
 MESSAGE = "message"
 SESSION = "session"
@@ -113,9 +116,11 @@ def prepare_message(message: tpb.Message, root_session_id: str) -> PreparedRecor
         {"toolCallId": call.tool_call_id, "name": call.name, "arguments": call.arguments} for call in message.tool_calls
     ]
     semantic = {key: value for key, value in metadata.items() if key not in NON_SEMANTIC_METADATA}
+    # The content (nearly all of a message's bytes) is serialized once and spliced verbatim into both
+    # the version's JSON and the raw record: the same bytes canonical() gives for it in place.
     said = {
         "role": role,
-        "content": content,
+        "content": orjson.Fragment(canonical(content)),
         "toolCalls": tool_calls,
         "toolCallId": message.tool_call_id,
         "status": status,
@@ -206,11 +211,12 @@ def prepare_session(session: tpb.Session, last_message_id: int) -> PreparedRecor
     return PreparedRecord(ref, origin, "reference", created_at, REFERENCE, canonical(raw), text.encode())
 
 
-def utf8_parts(data: bytes, limit: int = TEXT_PART_BYTES) -> Iterator[bytes]:
+def utf8_parts(data: Utf8, limit: int = TEXT_PART_BYTES) -> Iterator[Utf8]:
     """`data` (valid UTF-8) in consecutive parts of at most `limit` bytes, each ending on a code point
-    boundary (a cut never lands before a continuation byte). Empty text is one empty part."""
+    boundary (a cut never lands before a continuation byte). Empty text is one empty part. The parts of
+    a memoryview are views of it (nothing copied)."""
     if not data:
-        yield b""
+        yield data
         return
     start = 0
     while start < len(data):

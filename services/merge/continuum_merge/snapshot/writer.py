@@ -33,11 +33,17 @@ from continuum_merge.snapshot.records import PreparedRecord, canonical, utf8_par
 RESERVE_CHECK_BYTES = 4 * 1024 * 1024
 STREAM_BUFFER_BYTES = 1024 * 1024
 WRITER_THREADS = 8
+# Files one writer task creates in turn: few tasks for the many small records, yet a long message's
+# parts spread over the threads.
+FILES_PER_TASK = 16
 
 
-# glibc's mallopt parameter and the size from which allocations are always their own mapping.
+# glibc's mallopt parameter and the size from which allocations are always their own mapping: the
+# buffers of a page of messages and of the records made of it (up to a few MiB; a message is at most
+# 16 MiB) come from the heap and are reused within the page, instead of each being a fresh mapping
+# whose memory is faulted in, zeroed and unmapped again. 32 MiB is glibc's largest threshold.
 M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD_BYTES = 128 * 1024
+MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
 
 
 _LIBC = ctypes.CDLL(None)
@@ -52,10 +58,10 @@ def release_free_memory() -> None:
 
 
 def pin_allocator_threshold() -> None:
-    """Keep glibc from raising its mmap threshold as large blocks are freed (its default): otherwise
-    the copy's stream of 32 KiB-2 MiB buffers lands on the heap, which fragments and makes the process's
-    memory creep with the history's size. A process-wide setting, harmless elsewhere; a no-op without
-    glibc."""
+    """Fix glibc's mmap threshold at MMAP_THRESHOLD_BYTES (by default it moves as large blocks are
+    freed, so whether the copy's stream of 32 KiB-2 MiB buffers lands on the heap is left to chance,
+    which fragments it and makes the process's memory creep with the history's size; fixed and trimmed
+    after every page, it stays flat). A process-wide setting, harmless elsewhere; a no-op without glibc."""
     mallopt = getattr(_LIBC, "mallopt", None)
     if mallopt is not None:
         mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
@@ -66,9 +72,9 @@ def disk_free(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
-# A record handed to the writer threads: its assets' files rows and (path, bytes, sha256 to come) of
-# its raw file and text parts.
-_PendingRecord = tuple[PreparedRecord, Sequence[Mapping[str, Any]], list[tuple[str, int, Future[str]]]]
+# A record handed to the writer threads: its assets' files rows and the (bytes, sha256) of its raw file
+# and text parts to come, in tasks of at most FILES_PER_TASK files.
+_PendingRecord = tuple[PreparedRecord, Sequence[Mapping[str, Any]], list[Future[list[tuple[int, str]]]]]
 
 
 class JsonlStream:
@@ -187,15 +193,18 @@ class PackageWriter:
         flight."""
         submitted: list[_PendingRecord] = []
         for record, assets in batch:
-            contents = [(raw_path(record.record_ref), record.raw)]
-            contents += [
-                (text_path(record.record_ref, part), data) for part, data in enumerate(utf8_parts(record.text))
+            ref = record.record_ref
+            # The text parts are views of the record's text: cut without copying a byte.
+            contents: list[bytes | memoryview] = [record.raw, *utf8_parts(memoryview(record.text))]
+            self.reserve(sum(len(data) for data in contents))
+            files = [(raw_path(ref), contents[0])] + [
+                (text_path(ref, part), data) for part, data in enumerate(contents[1:])
             ]
-            self.reserve(sum(len(data) for _, data in contents))
-            files = [
-                (path, len(data), self._pool.submit(_write_new, self.staging / path, data)) for path, data in contents
+            tasks = [
+                self._pool.submit(_write_files, self.staging, files[start : start + FILES_PER_TASK])
+                for start in range(0, len(files), FILES_PER_TASK)
             ]
-            submitted.append((record, assets, files))
+            submitted.append((record, assets, tasks))
         self.flush()
         self._pending = submitted
         self._pending_refs = {record.record_ref for record, _, _ in submitted}
@@ -203,14 +212,15 @@ class PackageWriter:
 
     def flush(self) -> None:
         """Wait for the files of the records in flight and write their files rows and records lines."""
-        for record, assets, files in self._pending:
+        for record, assets, tasks in self._pending:
             ref = record.record_ref
-            for part, (path, size, written) in enumerate(files, start=-1):
-                row: dict[str, Any] = {"ref": f"r_{ref}", "part": None, "kind": "raw"}
-                if part >= 0:
-                    row = {"ref": f"r_{ref}:p{part}", "part": part, "kind": "text"}
-                sha = written.result()
-                self.streams[FILES].write({**row, "recordRef": ref, "path": path, "bytes": size, "sha256": sha})
+            files = [file for task in tasks for file in task.result()]
+            for part, (size, sha) in enumerate(files, start=-1):
+                if part < 0:
+                    row: dict[str, Any] = {"ref": f"r_{ref}", "part": None, "kind": "raw", "path": raw_path(ref)}
+                else:
+                    row = {"ref": f"r_{ref}:p{part}", "part": part, "kind": "text", "path": text_path(ref, part)}
+                self.streams[FILES].write({**row, "recordRef": ref, "bytes": size, "sha256": sha})
                 self.byte_count += size
             for asset in assets:
                 self.streams[FILES].write({**asset, "recordRef": ref})
@@ -260,10 +270,22 @@ class PackageWriter:
             stream.close()
 
 
-def _write_new(path: Path, data: bytes) -> str:
-    """Create `path` (it must not exist) holding `data`, on disk; the sha256 of `data`."""
-    write_durable(path, data)
-    return hashlib.sha256(data).hexdigest()
+def _write_files(staging: Path, files: Sequence[tuple[str, bytes | memoryview]]) -> list[tuple[int, str]]:
+    """Create each (package path, bytes) of `files` (none may exist yet), on disk when this returns;
+    their sizes and sha256s. Plain descriptors: one open, write, fsync and close per file, nothing
+    buffered or copied on the way."""
+    written: list[tuple[int, str]] = []
+    for path, data in files:
+        descriptor = os.open(staging / path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        try:
+            done = os.write(descriptor, data)
+            while done < len(data):
+                done += os.write(descriptor, memoryview(data)[done:])
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        written.append((len(data), hashlib.sha256(data).hexdigest()))
+    return written
 
 
 def fresh_directory(path: Path) -> None:
