@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from agent_testing import AgentStack
 from compaction_testing import OWNER
 from google.protobuf import field_mask_pb2
 from test_run_state import IDLE, Watcher
 
+from continuum.compaction.events.v1.events_pb2 import ContextManifest
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as tapi
 from continuum_agent.memory import MemoryLimits, load, memory_id, parse, select
@@ -80,7 +80,7 @@ def test_no_memory_without_a_file_or_through_a_link_out_of_the_working_directory
     assert load(_workspace(inside), LIMITS) == []
 
 
-def _manifests(frames: list[Any]) -> list[Any]:
+def _manifests(frames: list[tapi.FollowResponse]) -> list[ContextManifest]:
     return [
         event.context_window.manifest
         for frame in frames

@@ -4,9 +4,9 @@ streams, and IDLE when the turn ends, however it ends. A real transcript, compac
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
 
-import grpc
 from agent_testing import AgentStack, running_agent
 from compaction_testing import OWNER
 
@@ -24,26 +24,28 @@ class Watcher:
     def __init__(self, agent: AgentStack, session_id: str) -> None:
         request = tapi.FollowRequest(session_id=session_id, capabilities=["transcript-v2"])
         self.call = agent.services.transcript.stub.Follow(request, metadata=agent.user(OWNER))
-        self.frames: list[Any] = []
+        self.frames: list[tapi.FollowResponse] = []
 
-    async def until(self, found: Any, seconds: float = 30.0) -> Any:
+    async def until(self, found: Callable[[tapi.FollowResponse], bool], seconds: float = 30.0) -> tapi.FollowResponse:
         """Read frames until `found(frame)`; that frame."""
         async with asyncio.timeout(seconds):
             while True:
                 frame = await self.call.read()
-                assert frame is not grpc.aio.EOF
+                assert isinstance(frame, tapi.FollowResponse), "the Follow stream ended"
                 self.frames.append(frame)
                 if found(frame):
                     return frame
 
-    async def state(self, wanted: int, seconds: float = 30.0) -> Any:
+    async def state(self, wanted: int, seconds: float = 30.0) -> tapi.FollowResponse:
         """The next frame that sets the runtime state to `wanted` (the snapshot's included)."""
 
-        def sets(frame: Any) -> bool:
+        def sets(frame: tapi.FollowResponse) -> bool:
             kind = frame.WhichOneof("frame")
             if kind == "snapshot_runtime":
-                return bool(frame.snapshot_runtime.runtime_state.state == wanted)
-            return kind == "batch" and frame.batch.HasField("runtime_state") and frame.batch.runtime_state.state == wanted
+                return frame.snapshot_runtime.runtime_state.state == wanted
+            return (
+                kind == "batch" and frame.batch.HasField("runtime_state") and frame.batch.runtime_state.state == wanted
+            )
 
         return await self.until(sets, seconds)
 
@@ -52,7 +54,7 @@ class Watcher:
         self.call.cancel()
 
 
-def _state(frame: Any) -> fpb.RuntimeState:
+def _state(frame: tapi.FollowResponse) -> fpb.RuntimeState:
     return frame.batch.runtime_state if frame.WhichOneof("frame") == "batch" else frame.snapshot_runtime.runtime_state
 
 
@@ -89,7 +91,7 @@ async def test_a_turn_is_running_with_its_user_message_and_idle_after_its_answer
 
 
 async def test_a_stopped_turn_ends_idle_and_a_turn_whose_claim_was_taken_still_ends_idle(
-    tmp_path: Any, database_url: str
+    tmp_path: Path, database_url: str
 ) -> None:
     async with running_agent(
         tmp_path, database_url, offline_delta_seconds=0.1, claim_renew_seconds=0.2, claim_ttl_seconds=3
