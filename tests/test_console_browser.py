@@ -484,6 +484,7 @@ def test_a_reply_streams_live_and_stop_keeps_it_as_interrupted(page: Any) -> Non
     page.click("#stop")
     page.wait_for_selector(".badge.warn:text('interrupted')")
     page.wait_for_selector("#stop", state="hidden")
+    expect_text(page.locator("#run-state[data-source=runtime]"), "Idle (last turn stopped)")
     shot(page, "05-stopped")
 
 

@@ -120,6 +120,19 @@ async def test_a_stopped_turn_ends_idle_and_a_turn_whose_claim_was_taken_still_e
         await agent.wait_idle("s1")
 
 
+async def test_a_failed_turn_ends_idle_saying_so(tmp_path: Path, database_url: str) -> None:
+    async with running_agent(tmp_path, database_url, compaction_address="127.0.0.1:1") as agent:
+        await agent.new_session("s1")
+        watcher = Watcher(agent, "s1")
+        try:
+            started = await agent.start_turn("s1", "hello")
+            idle = await watcher.state(IDLE)
+            assert dict(idle.batch.runtime_state.details) == {"outcome": "failed", "lastRunId": started.run_id}
+        finally:
+            watcher.close()
+        await agent.wait_idle("s1")
+
+
 async def test_a_stop_with_no_turn_running_clears_a_running_state_a_killed_agent_left(agent: AgentStack) -> None:
     await agent.new_session("s1")
     # What an agent killed mid-turn leaves: RUNNING, and a claim that lapsed.
