@@ -6,6 +6,8 @@ ends (answered, stopped, failed), as a terminal batch (followers see it once it 
 while the session is still the turn's: under the turn's own RUN claim, or, when that claim was taken
 away (a StopTurn that reached another replica, an operator, a lapsed lease), under a RUN claim taken for
 that one write. A session another turn holds by then is left alone: that turn published its own RUNNING.
+(A RUN claim holds a whole session tree, so a turn of another session of the tree holding it leaves this
+session's RUNNING in place too, until its next turn or a StopTurn.)
 
 A StopTurn that finds no running turn publishes IDLE the same way. That clears the RUNNING an agent
 killed mid-turn leaves behind; nothing else does (no watchdog decides that a turn ended).

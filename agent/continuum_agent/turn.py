@@ -145,18 +145,20 @@ class TurnLoop:
                 await renewer
             # IDLE before the release: once the claim is free a new turn may publish RUNNING, which a
             # later IDLE would hide.
-            await asyncio.shield(
-                run_state.end_turn(
-                    self._upstreams,
-                    turn.user,
-                    turn.session_id,
-                    turn.run_id,
-                    turn.claim_id,
-                    self._settings.claim_ttl_seconds,
-                    outcome,
+            try:
+                await asyncio.shield(
+                    run_state.end_turn(
+                        self._upstreams,
+                        turn.user,
+                        turn.session_id,
+                        turn.run_id,
+                        turn.claim_id,
+                        self._settings.claim_ttl_seconds,
+                        outcome,
+                    )
                 )
-            )
-            await asyncio.shield(self._release(turn))
+            finally:
+                await asyncio.shield(self._release(turn))
 
     async def _failure_note(self, turn: Turn, error: AgentError) -> None:
         """Tell the user the turn failed (an answer that never comes would look like a hang)."""
