@@ -392,6 +392,76 @@ def test_memory_switch_changes_the_session_from_the_next_run(page: Any, stack: S
         assert client.get(f"/v1/sessions/{demo.CLIENT_SESSION}").json()["session"]["memoryInjectionDisabled"] is False
 
 
+def test_a_turn_started_in_one_page_runs_in_another_before_its_text_streams_and_is_idle_after(
+    browser: Any, page: Any, stack: Stack
+) -> None:
+    open_session(page, demo.CLIENT_SESSION)
+    other = browser.new_context(viewport={"width": 1400, "height": 900})
+    watcher = other.new_page()
+    watcher.set_default_timeout(UI_TIMEOUT_MS)
+    watcher.goto(stack.url + "/")
+    watcher.fill("#token", stack.token())
+    watcher.click("#sign-in-form button")
+    watcher.wait_for_selector("a.session")
+    open_session(watcher, demo.CLIENT_SESSION)
+    assert watcher.get_attribute("#run-state", "data-running") == "false"
+    # Record, in the second page, what was on screen when it first showed the turn running.
+    watcher.evaluate(
+        """() => { window.firstRunning = null; const state = document.getElementById("run-state");
+        new MutationObserver(() => {
+            if (window.firstRunning || state.dataset.running !== "true") return;
+            window.firstRunning = { source: state.dataset.source, runId: state.dataset.runId,
+                streaming: !!document.querySelector(".message.streaming") };
+        }).observe(state, { attributes: true }); }"""
+    )
+    with page.expect_response(lambda r: r.url.endswith("/turns") and r.request.method == "POST") as answer:
+        page.fill("#composer-text", "Which files mention displayName?")
+        page.keyboard.press("Enter")
+    run_id = answer.value.json()["runId"]
+
+    watcher.wait_for_selector("#run-state[data-running=true]")
+    first = watcher.evaluate("window.firstRunning")
+    assert first == {"source": "runtime", "runId": run_id, "streaming": False}
+    assert watcher.get_attribute("#run-state", "title") == f"Run {run_id}"
+    watcher.wait_for_selector(".message.streaming")
+    shot(watcher, "04a-running-in-a-second-page")
+    watcher.wait_for_selector("#run-state[data-running=false][data-source=runtime]", timeout=60_000)
+    expect_text(watcher.locator("#run-state"), "Idle (last turn completed)")
+    assert watcher.locator(".message.streaming").count() == 0
+    page.wait_for_selector("#run-state[data-running=false]")
+    other.close()
+
+
+def test_memory_chips_show_the_entries_of_the_last_request_and_none_once_memory_is_off(page: Any) -> None:
+    entries = demo.PROJECT_FILES["MEMORY.md"].count("\n- ")
+    open_session(page, demo.CLIENT_SESSION)
+    page.click("#tab-context")
+    # The turn of the previous test carried the demo project's MEMORY.md (the manifest is kept per tab,
+    # so this page sees it only from a run it watched): run one here.
+    page.fill("#composer-text", "What do you remember about this project?")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#run-state[data-running=true]")
+    page.wait_for_selector("#run-state[data-running=false]", timeout=60_000)
+    page.wait_for_selector(f"#memory-entries[data-count='{entries}']")
+    chips = page.locator("ul.chips li.chip")
+    assert chips.count() == entries
+    assert all(re.fullmatch(r"mem-[0-9a-f]{16}", text) for text in chips.all_inner_texts())
+    expect_text(page.locator("#memory-entries"), f"{entries} memory entries were in the last request")
+    shot(page, "06a-memory-chips")
+
+    page.uncheck("#memory-switch")
+    expect_text(page.locator("#panel-context"), "Memory injection is off.")
+    page.fill("#composer-text", "And now, without memory?")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#run-state[data-running=true]")
+    page.wait_for_selector("#run-state[data-running=false]", timeout=60_000)
+    page.wait_for_selector("#memory-entries[data-count='0']")
+    assert page.locator("ul.chips li.chip").count() == 0
+    expect_text(page.locator("#memory-entries"), "Memory injection is off for this session.")
+    page.check("#memory-switch")
+    expect_text(page.locator("#panel-context"), "Memory injection is on.")
+
+
 def test_a_reply_streams_live_and_stop_keeps_it_as_interrupted(page: Any) -> None:
     open_session(page, demo.CLIENT_SESSION)
     page.fill("#composer-text", "Where does the web client show profile.name?")
@@ -414,6 +484,7 @@ def test_a_reply_streams_live_and_stop_keeps_it_as_interrupted(page: Any) -> Non
     page.click("#stop")
     page.wait_for_selector(".badge.warn:text('interrupted')")
     page.wait_for_selector("#stop", state="hidden")
+    expect_text(page.locator("#run-state[data-source=runtime]"), "Idle (last turn stopped)")
     shot(page, "05-stopped")
 
 

@@ -129,6 +129,16 @@ class Upstreams:
         )
         return list(response.message_ids)
 
+    async def publish(
+        self, user: str, session_id: str, operations: list[api.BatchOperation], terminal: bool = False
+    ) -> api.PublishBatchResponse:
+        """Publish one business batch (messages, runtime state), answered once it is durable."""
+        request = api.PublishBatchRequest(
+            session_id=session_id, operations=operations, terminal=terminal, wait_durable=True
+        )
+        response: api.PublishBatchResponse = await self._transcript_call(self._transcript.PublishBatch, request, user)
+        return response
+
     async def latest_messages(
         self, user: str, session_id: str, before_message_id: int, page_size: int
     ) -> api.ListMessagePageResponse:

@@ -22,6 +22,7 @@ from google.protobuf import struct_pb2
 
 from continuum.transcript.v1 import error_reason_pb2 as transcript_reasons
 from continuum.transcript.v1 import resources_pb2 as tpb
+from continuum_agent import run_state
 from continuum_agent.clients import Upstreams
 from continuum_agent.errors import (
     AgentError,
@@ -123,10 +124,11 @@ class TurnRunner:
                 metadata.update(
                     {"runId": run_id, **({"clientRequestId": client_request_id} if client_request_id else {})}
                 )
-                [message_id] = await self._upstreams.append(
-                    user,
-                    session_id,
-                    tpb.NewMessage(role=tpb.MESSAGE_ROLE_USER, content=[tpb.ContentPart(text=text)], metadata=metadata),
+                message = tpb.NewMessage(
+                    role=tpb.MESSAGE_ROLE_USER, content=[tpb.ContentPart(text=text)], metadata=metadata
+                )
+                message_id = await run_state.start_turn(
+                    self._upstreams, user, session_id, run_id, message, self._loop.model_name
                 )
             except BaseException:
                 await asyncio.shield(self._release_quietly(user, claim_id))
@@ -165,11 +167,16 @@ class TurnRunner:
         """Stop the session's running turn; False when none runs.
 
         A turn of this process is waited for until it settled. A turn of another replica is fenced
-        through its claim and settles there at its next renewal or write (`stops`).
+        through its claim and settles there at its next renewal or write (`stops`). With no turn
+        running, the session's runtime state is set IDLE.
         """
         running = self._running.get((user, session_id))
         if running is None or running[1].done():
-            return await stop_elsewhere(self._upstreams, user, session_id)
+            if await stop_elsewhere(self._upstreams, user, session_id):
+                return True
+            # No turn runs anywhere: clear a RUNNING that a killed agent left (`run_state`).
+            await run_state.publish_idle(self._upstreams, user, session_id, "", run_state.STOPPED)
+            return False
         turn, task = running
         turn.stop.set()
         await asyncio.wait([task])

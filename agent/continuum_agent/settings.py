@@ -7,6 +7,7 @@ from typing import Self
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from continuum_agent.memory import MemoryLimits
 from continuum_runtime.provider import ProviderSettings
 from continuum_runtime.settings import ServiceSettings
 
@@ -53,6 +54,14 @@ class AgentSettings(ServiceSettings):
     # A tool result's largest size in bytes; a file read gives at most half of it (the result then says
     # "truncated": true), and a larger result is replaced by a refusal that says so.
     tool_result_max_bytes: int = Field(default=64 * 1024, ge=1024, le=4 * 1024 * 1024)
+    # The memory file at the top of a session's working directory: one entry per bullet (`memory`).
+    # At most this many bytes of it are read; at most this many entries, each and all together within
+    # these byte limits, go into a request (compaction takes at most 64 entries of 16 KiB each).
+    memory_file: str = Field(default="MEMORY.md", min_length=1, max_length=255, pattern=r"^[^/\\\x00]+$")
+    memory_max_file_bytes: int = Field(default=64 * 1024, ge=1, le=4 * 1024 * 1024)
+    memory_max_entries: int = Field(default=32, ge=1, le=64)
+    memory_max_entry_bytes: int = Field(default=2048, ge=1, le=16 * 1024)
+    memory_max_total_bytes: int = Field(default=16 * 1024, ge=1, le=1024 * 1024)
     # client_request_ids remembered per process for idempotent StartTurn retries.
     remembered_requests: int = Field(default=4096, ge=1)
     # A retry this process does not remember (after a restart, or sent to another replica) is looked up
@@ -65,6 +74,16 @@ class AgentSettings(ServiceSettings):
 
     # AGENT_PROVIDER__KIND=openai, AGENT_PROVIDER__BASE_URL=..., etc.; offline by default.
     provider: ProviderSettings = ProviderSettings()
+
+    def memory_limits(self) -> MemoryLimits:
+        """What one turn reads of the memory file and carries of it."""
+        return MemoryLimits(
+            self.memory_file,
+            self.memory_max_file_bytes,
+            self.memory_max_entries,
+            self.memory_max_entry_bytes,
+            self.memory_max_total_bytes,
+        )
 
     @model_validator(mode="after")
     def _renewal_within_lease(self) -> Self:

@@ -1,14 +1,16 @@
 """One turn: the loop of the reference runtime, run in the background under the session's RUN claim.
 
     claim = AcquireClaims(RUN, holder=run_id)                 (StartTurn, before the user message)
-    AppendMessages(USER)                                       (StartTurn)
+    PublishBatch(USER message + RuntimeState RUNNING)          (StartTurn; `run_state`)
+    memory = the working directory's MEMORY.md entries         (`memory`, read once per turn)
     for each round:
         context = BuildContext(REQUEST_START first, MID_LOOP at each tool-round boundary: a queued
-                               compact-now fires there)
+                               compact-now fires there; memory entries, injected unless switched off)
         reply = model(context, the agent's tools + the tools the context offers: HandoffRead, merged only)
         OpenAttempt / AppendChunks (as the reply streams) / CommitAttempt(ASSISTANT)
         no tool calls: done; else run the tools (HandoffRead through handoff-read, for this run id)
         and AppendMessages(TOOL results)
+    PublishBatch(RuntimeState IDLE, terminal)                  (always, while the session is the turn's)
     ReleaseClaims                                              (always; renewed meanwhile)
 
 Stop is cooperative: it sets the turn's stop event, which ends a model request or a pause between
@@ -36,7 +38,7 @@ from continuum.compaction.v1 import compaction_service_pb2 as capi
 from continuum.transcript.v1 import error_reason_pb2 as transcript_reasons
 from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as tpb
-from continuum_agent import handoff
+from continuum_agent import handoff, memory, run_state
 from continuum_agent.clients import Upstreams
 from continuum_agent.errors import AgentError
 from continuum_agent.model import AgentModel, Reply, ToolRequest
@@ -114,12 +116,21 @@ class TurnLoop:
         self._model = model
         self._clock = clock
 
+    @property
+    def model_name(self) -> str:
+        """The model the turns use, as the runtime state names it."""
+        return self._model.name
+
     async def run(self, turn: Turn) -> None:
-        """The whole turn, claim released at the end whatever happens (cancellation included)."""
+        """The whole turn; IDLE published and the claim released at the end whatever happens (cancellation
+        included)."""
         renewer = asyncio.create_task(self._renew(turn))
+        outcome = run_state.FAILED
         try:
             await self._rounds(turn)
+            outcome = run_state.COMPLETED
         except TurnStopped:
+            outcome = run_state.STOPPED
             logger.info("turn stopped", extra={"session_id": turn.session_id, "run_id": turn.run_id})
         except AgentError as error:
             logger.warning(
@@ -132,7 +143,22 @@ class TurnLoop:
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
-            await asyncio.shield(self._release(turn))
+            # IDLE before the release: once the claim is free a new turn may publish RUNNING, which a
+            # later IDLE would hide.
+            try:
+                await asyncio.shield(
+                    run_state.end_turn(
+                        self._upstreams,
+                        turn.user,
+                        turn.session_id,
+                        turn.run_id,
+                        turn.claim_id,
+                        self._settings.claim_ttl_seconds,
+                        outcome,
+                    )
+                )
+            finally:
+                await asyncio.shield(self._release(turn))
 
     async def _failure_note(self, turn: Turn, error: AgentError) -> None:
         """Tell the user the turn failed (an answer that never comes would look like a hang)."""
@@ -175,6 +201,9 @@ class TurnLoop:
             raise TurnStopped from error
 
     async def _rounds(self, turn: Turn) -> None:
+        # Read once per turn: every request of the turn carries the same entries.
+        entries = await asyncio.to_thread(memory.load, turn.workspace, self._settings.memory_limits())
+        logger.info("memory loaded", extra={"run_id": turn.run_id, "memory_entries": len(entries)})
         for round_number in range(1, self._settings.max_model_rounds + 1):
             check_stop(turn)
             trigger = capi.TRIGGER_POINT_REQUEST_START if round_number == 1 else capi.TRIGGER_POINT_MID_LOOP
@@ -185,6 +214,7 @@ class TurnLoop:
                     run_id=turn.run_id,
                     context_window_tokens=self._settings.context_window_tokens,
                     system_prompt_sections=[capi.PromptSection(key="agent", label="Agent", text=SYSTEM_PROMPT)],
+                    memory_entries=entries,
                     trigger_point=trigger,
                 ),
             )

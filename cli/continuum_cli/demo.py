@@ -3,7 +3,8 @@
 Two sessions of one task, renaming a user record's field `name` to `displayName`: the backend half, a
 long history (40 turns, each with a tool round) that is compacted once, and the web-client half, whose
 tool result was cut short (the truncation badge). Both work in `<data dir>/demo-project/`, a small
-project the agent's read-only tools can list, read and search when a person sends a message.
+project the agent's read-only tools can list, read and search when a person sends a message; its
+`MEMORY.md` gives the agent three memory entries for every request.
 
 Seeding is idempotent: the sessions have fixed ids (creating one again answers the existing one), a
 session's history is appended only while it is empty, and the compaction runs only while the session has
@@ -32,6 +33,15 @@ REQUEST_TIMEOUT_SECONDS = 60.0
 
 PROJECT_FILES: Mapping[str, str] = {
     "README.md": "# Profiles\n\nA user profile has a `name` shown on the profile page and in mentions.\n",
+    # The reference agent's memory file: one entry per bullet, sent with every model request of a turn
+    # (the Context tab's memory chips) unless the session's memory switch is off.
+    "MEMORY.md": (
+        "# Memory\n\n"
+        "- The profile field `name` is being renamed to `displayName`; keep the JSON key `name` readable\n"
+        "  for one release.\n"
+        "- Database migrations live in server/migrations and are numbered with four digits.\n"
+        "- The web client formats mentions as @displayName.\n"
+    ),
     "server/profile.py": (
         "from dataclasses import dataclass\n\n\n@dataclass\nclass Profile:\n    user_id: str\n    name: str\n\n\n"
         "def to_json(profile: Profile) -> dict[str, str]:\n"

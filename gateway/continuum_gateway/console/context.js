@@ -120,10 +120,7 @@ export class ContextTab {
   }
 
   #memory() {
-    const ids = this.manifest ? this.manifest.memoryIds || [] : [];
-    const chips = ids.length
-      ? h("ul", { class: "chips", "aria-label": "Memory entries in the last request" }, ids.map((id) => h("li", { class: "chip" }, id)))
-      : h("p", { class: "note" }, "No memory entries were in the last request.");
+    const chips = this.#memoryChips();
     const toggle = h("input", { type: "checkbox", id: "memory-switch", role: "switch", checked: !this.session.memoryInjectionDisabled });
     const status = h("span", { class: "note", role: "status" }, this.memoryStatus || "");
     toggle.onchange = async () => {
@@ -145,6 +142,30 @@ export class ContextTab {
     return h("div", {}, chips,
       h("div", { class: "switch-row" }, toggle, h("label", { for: "memory-switch" }, "Inject memory into this session")),
       h("p", { class: "note" }, "Applies from the next run: a turn already running keeps what it started with."), status);
+  }
+
+  /**
+   * The memory entries the last request carried. The manifest names them by id only (the reference agent's
+   * ids are hashes of each entry's text in its memory file), so the chips show ids, with the count from
+   * the manifest's memory section (which stays whole when a large manifest drops ids).
+   */
+  #memoryChips() {
+    const manifest = this.manifest;
+    if (!manifest) return h("p", { class: "note", id: "memory-entries" }, "No model request seen yet: memory entries show with the next run.");
+    const ids = manifest.memoryIds || [];
+    const section = (manifest.sections || []).find((s) => s.key === "memory");
+    const count = section ? num(section.count) : ids.length;
+    if (!count) {
+      const why = this.session.memoryInjectionDisabled ? " Memory injection is off for this session." : "";
+      return h("p", { class: "note", id: "memory-entries", "data-count": "0" }, `No memory entries were in the last request.${why}`);
+    }
+    const notes = [h("p", { class: "note", id: "memory-entries", "data-count": String(count) },
+      `${count} memory ${count === 1 ? "entry was" : "entries were"} in the last request. `,
+      "The request names entries by id only; the reference agent's ids are hashes of each entry's text in MEMORY.md of the working directory.")];
+    if (ids.length < count) notes.push(h("p", { class: "note" }, `The ids of ${count - ids.length} of them were left out to keep the manifest small.`));
+    return h("div", {}, ...notes,
+      h("ul", { class: "chips", "aria-label": "Ids of the memory entries in the last request" },
+        ids.map((id) => h("li", { class: "chip", title: `Memory entry ${id}` }, id))));
   }
 
   #compaction(running) {

@@ -240,14 +240,19 @@ function renderHead() {
 function renderRunState() {
   const open = state.open;
   if (!open) return;
-  const running = isRunning(open);
+  const { running, source, runId, outcome } = runState(open);
   open.context.running = running;
   const connected = open.connection === "live";
   let text = running ? "Agent is running" : "Idle";
+  if (source === "runtime" && !running && outcome) text += ` (last turn ${outcome})`;
   // A lost connection says nothing about the turn: it goes on (or ends) on the server.
   if (!connected && open.store.cursor) text += " (as last seen; the connection is down, the turn is not affected)";
-  $("run-state").textContent = text;
-  $("run-state").dataset.running = String(running);
+  const element = $("run-state");
+  element.textContent = text;
+  element.title = runId ? `Run ${runId}` : source === "inferred" ? "The runtime publishes no state: inferred from the transcript" : "";
+  element.dataset.running = String(running);
+  element.dataset.source = source;
+  element.dataset.runId = runId;
   $("stop").hidden = !running;
   // The context tab only changes with the run state (not with every streamed chunk).
   if (open.wasRunning !== running) {
@@ -257,21 +262,33 @@ function renderRunState() {
 }
 
 /**
- * Whether a turn runs: the runtime state when the runtime publishes one, an attempt streaming, or a turn
- * this page started whose answer (an assistant message without tool calls, or an interrupted one) has
- * not arrived yet.
+ * Whether a turn runs. The runtime state the agent publishes decides (RUNNING with its run id, IDLE when
+ * the turn ended), except that a turn this page started counts as running until the batch with its
+ * user message (which carries RUNNING) has arrived. A runtime that publishes no state leaves the state
+ * UNSPECIFIED; then it is inferred: an attempt streaming, or a turn this page started whose answer (an
+ * assistant message without tool calls, or an interrupted one) has not arrived yet.
  */
-function isRunning(open) {
-  const run = open.store.runtimeState.state;
-  if (run === "RUN_STATE_RUNNING" || run === "RUN_STATE_WAITING" || open.store.prefixes.size > 0) return true;
+function runState(open) {
+  const published = open.store.runtimeState || {};
+  const details = published.details || {};
+  const seen = (id) => [...open.store.messages.keys()].some((known) => known >= id);
+  if (published.state === "RUN_STATE_RUNNING" || published.state === "RUN_STATE_WAITING") {
+    return { running: true, source: "runtime", runId: published.runId || "", outcome: "" };
+  }
+  if (published.state === "RUN_STATE_IDLE") {
+    if (open.startedTurn && !seen(open.startedTurn)) return { running: true, source: "runtime", runId: "", outcome: "" };
+    open.startedTurn = 0;
+    return { running: false, source: "runtime", runId: "", outcome: details.outcome || "" };
+  }
+  if (open.store.prefixes.size > 0) return { running: true, source: "inferred", runId: "", outcome: "" };
   if (open.startedTurn) {
     const ended = [...open.store.messages.values()].some((m) =>
       Number(m.messageId) > open.startedTurn && m.role === "MESSAGE_ROLE_ASSISTANT" &&
       (!(m.toolCalls || []).length || m.status === "MESSAGE_STATUS_INTERRUPTED"));
-    if (!ended) return true;
+    if (!ended) return { running: true, source: "inferred", runId: "", outcome: "" };
     open.startedTurn = 0;
   }
-  return false;
+  return { running: false, source: "inferred", runId: "", outcome: "" };
 }
 
 async function locate(id) {

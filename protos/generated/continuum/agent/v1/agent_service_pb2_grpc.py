@@ -57,8 +57,10 @@ class AgentServiceServicer:
 
     def StartTurn(self, request, context):
         """Takes the session's RUN claim, appends the user message and starts the turn in the background.
-        FAILED_PRECONDITION / SESSION_ALREADY_RUNNING (transcript's reason) while another turn, a merge
-        or a compaction holds the session. A repeated client_request_id gets the first answer again.
+        The user message is published with the runtime state RUNNING (this run id) in one batch; the
+        turn publishes IDLE when it ends. FAILED_PRECONDITION / SESSION_ALREADY_RUNNING (transcript's
+        reason) while another turn, a merge or a compaction holds the session. A repeated
+        client_request_id gets the first answer again.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -69,7 +71,8 @@ class AgentServiceServicer:
         claim released. `stopped` is false when no turn of the session runs. A turn this replica runs has
         settled when the call returns; a turn another replica runs is fenced (its RUN claim released) and
         settles there at its next claim renewal or write, whichever comes first (2 s at most by default),
-        committing and appending nothing more.
+        committing and appending nothing more. With no turn of the session running anywhere, the
+        session's runtime state is set IDLE (clearing the RUNNING an agent killed mid-turn left).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -38,15 +38,18 @@ class AgentServiceStub:
     def __new__(cls, channel: _aio.Channel) -> AgentServiceAsyncStub: ...
     StartTurn: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.StartTurnRequest, _agent_service_pb2.StartTurnResponse]
     """Takes the session's RUN claim, appends the user message and starts the turn in the background.
-    FAILED_PRECONDITION / SESSION_ALREADY_RUNNING (transcript's reason) while another turn, a merge
-    or a compaction holds the session. A repeated client_request_id gets the first answer again.
+    The user message is published with the runtime state RUNNING (this run id) in one batch; the
+    turn publishes IDLE when it ends. FAILED_PRECONDITION / SESSION_ALREADY_RUNNING (transcript's
+    reason) while another turn, a merge or a compaction holds the session. A repeated
+    client_request_id gets the first answer again.
     """
     StopTurn: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.StopTurnRequest, _agent_service_pb2.StopTurnResponse]
     """Stops the session's running turn: the answer displayed so far is stored as interrupted and the
     claim released. `stopped` is false when no turn of the session runs. A turn this replica runs has
     settled when the call returns; a turn another replica runs is fenced (its RUN claim released) and
     settles there at its next claim renewal or write, whichever comes first (2 s at most by default),
-    committing and appending nothing more.
+    committing and appending nothing more. With no turn of the session running anywhere, the
+    session's runtime state is set IDLE (clearing the RUNNING an agent killed mid-turn left).
     """
 
 @_typing.type_check_only
@@ -59,15 +62,18 @@ class AgentServiceAsyncStub(AgentServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     StartTurn: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.StartTurnRequest, _agent_service_pb2.StartTurnResponse]  # type: ignore[assignment]
     """Takes the session's RUN claim, appends the user message and starts the turn in the background.
-    FAILED_PRECONDITION / SESSION_ALREADY_RUNNING (transcript's reason) while another turn, a merge
-    or a compaction holds the session. A repeated client_request_id gets the first answer again.
+    The user message is published with the runtime state RUNNING (this run id) in one batch; the
+    turn publishes IDLE when it ends. FAILED_PRECONDITION / SESSION_ALREADY_RUNNING (transcript's
+    reason) while another turn, a merge or a compaction holds the session. A repeated
+    client_request_id gets the first answer again.
     """
     StopTurn: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.StopTurnRequest, _agent_service_pb2.StopTurnResponse]  # type: ignore[assignment]
     """Stops the session's running turn: the answer displayed so far is stored as interrupted and the
     claim released. `stopped` is false when no turn of the session runs. A turn this replica runs has
     settled when the call returns; a turn another replica runs is fenced (its RUN claim released) and
     settles there at its next claim renewal or write, whichever comes first (2 s at most by default),
-    committing and appending nothing more.
+    committing and appending nothing more. With no turn of the session running anywhere, the
+    session's runtime state is set IDLE (clearing the RUNNING an agent killed mid-turn left).
     """
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -83,8 +89,10 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_agent_service_pb2.StartTurnResponse, _abc.Awaitable[_agent_service_pb2.StartTurnResponse]]:
         """Takes the session's RUN claim, appends the user message and starts the turn in the background.
-        FAILED_PRECONDITION / SESSION_ALREADY_RUNNING (transcript's reason) while another turn, a merge
-        or a compaction holds the session. A repeated client_request_id gets the first answer again.
+        The user message is published with the runtime state RUNNING (this run id) in one batch; the
+        turn publishes IDLE when it ends. FAILED_PRECONDITION / SESSION_ALREADY_RUNNING (transcript's
+        reason) while another turn, a merge or a compaction holds the session. A repeated
+        client_request_id gets the first answer again.
         """
 
     @_abc_1.abstractmethod
@@ -97,7 +105,8 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         claim released. `stopped` is false when no turn of the session runs. A turn this replica runs has
         settled when the call returns; a turn another replica runs is fenced (its RUN claim released) and
         settles there at its next claim renewal or write, whichever comes first (2 s at most by default),
-        committing and appending nothing more.
+        committing and appending nothing more. With no turn of the session running anywhere, the
+        session's runtime state is set IDLE (clearing the RUNNING an agent killed mid-turn left).
         """
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
