@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeAlias
@@ -11,6 +10,7 @@ import grpc
 from grpc_status import rpc_status
 
 from continuum_runtime.auth import bearer_matches
+from continuum_runtime.cancellation import run_to_completion
 from continuum_runtime.errors import ServiceError, Unauthenticated, internal_status
 
 logger = logging.getLogger("continuum.rpc")
@@ -66,28 +66,6 @@ def _log_failure(method: str, error: BaseException) -> ServiceError | None:
     return None
 
 
-async def run_to_completion(call: Awaitable[Any]) -> Any:
-    """Await `call` in its own task, so that cancelling the caller (a client that went away, a deadline)
-    does not stop it halfway. A unary handler's work is short and bounded; stopped between two
-    statements it could leave a transaction open on SQLite's one connection (the database stayed
-    locked for a minute) or half of its work done. A cancelled call's answer is dropped."""
-    task = asyncio.ensure_future(call)
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        task.add_done_callback(_drop_outcome)
-        raise
-
-
-def _drop_outcome(task: asyncio.Future[Any]) -> None:
-    """Nobody waits for a cancelled call's answer; an unexpected failure is still logged with its frames."""
-    if task.cancelled():
-        return
-    error = task.exception()
-    if error is not None and not isinstance(error, ServiceError | grpc.aio.AbortError):
-        logger.error("rpc failed after its caller went away", exc_info=error)
-
-
 def _wrap(handler: Handler, method: str) -> Handler:
     if handler.unary_unary is not None or handler.stream_unary is not None:
         inner = handler.unary_unary or handler.stream_unary
@@ -97,7 +75,9 @@ def _wrap(handler: Handler, method: str) -> Handler:
         async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
                 if complete:
-                    return await run_to_completion(inner(request, context))
+                    return await run_to_completion(
+                        inner(request, context), expected=(ServiceError, grpc.aio.AbortError)
+                    )
                 return await inner(request, context)
             except Exception as error:
                 if isinstance(error, grpc.aio.AbortError):

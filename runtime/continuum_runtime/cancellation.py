@@ -1,0 +1,38 @@
+"""Work that a cancellation must not cut in half.
+
+A coroutine cancelled between two database statements can leave a transaction open (on SQLite's one
+connection that locks the database) or half of its work done. `run_to_completion` protects a unary
+RPC whose client went away: the work goes on in its own task and its answer is dropped; the caller
+returns at once (gRPC does not wait for a cancelled handler).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+logger = logging.getLogger("continuum.cancellation")
+
+
+async def run_to_completion(call: Awaitable[T], *, expected: tuple[type[BaseException], ...] = ()) -> T:
+    """Await `call` in its own task, so that cancelling the caller does not stop it halfway; a cancelled
+    caller's answer is dropped. A failure nobody waits for any more is logged with its frames unless it
+    is one of the `expected` kinds (refusals the caller would have turned into a status)."""
+    task = asyncio.ensure_future(call)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(lambda done: _log_dropped(done, expected))
+        raise
+
+
+def _log_dropped(task: asyncio.Future[Any], expected: tuple[type[BaseException], ...]) -> None:
+    if task.cancelled():
+        return
+    error = task.exception()
+    if error is not None and not isinstance(error, expected):
+        logger.error("work failed after its caller went away", exc_info=error)
