@@ -21,7 +21,7 @@ from continuum_handoff_read.manifest import (
     Package,
     detail_row,
     file_row,
-    item_sessions,
+    item_selected,
     record_row,
 )
 from continuum_handoff_read.results import Entry, Page, ToolResult, utf8_end
@@ -120,9 +120,7 @@ class _Listing:
         return None
 
     def _item(self, item: dict[str, Any]) -> Entry | None:
-        if self.arguments.section and item["section"] != self.arguments.section:
-            return None
-        if self.members is not None and not item_sessions(item) & self.members:
+        if not item_selected(item, self.arguments.section, self.members):
             return None
         content = item["content"].encode()
         shown = content[: utf8_end(content, ITEM_PREVIEW_BYTES)].decode(errors="replace")

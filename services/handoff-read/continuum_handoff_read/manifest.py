@@ -404,9 +404,12 @@ def _is_item(item: Any) -> bool:
     )
 
 
-def item_sessions(item: dict[str, Any]) -> set[str]:
-    """The sessions an item's evidence comes from."""
-    return {str(evidence.get("sessionId", "")) for evidence in item["evidence"]}
+def item_selected(item: dict[str, Any], section: str, members: frozenset[str] | None) -> bool:
+    """Whether a handoff item passes a call's filters: its section (when one is named) and a source's
+    sessions (when a source is named: some of the item's evidence comes from them)."""
+    if section and item["section"] != section:
+        return False
+    return members is None or bool({str(evidence.get("sessionId", "")) for evidence in item["evidence"]} & members)
 
 
 def _handoff_hashes(ready: dict[str, Any]) -> dict[str, str]:

@@ -44,7 +44,7 @@ from continuum_handoff_read.manifest import (
     TextPart,
     detail_row,
     file_row,
-    item_sessions,
+    item_selected,
     record_row,
     text_part,
 )
@@ -290,9 +290,7 @@ class _Scan:
         return None
 
     def _item(self, item: dict[str, Any]) -> Entry | None:
-        if self.arguments.section and item["section"] != self.arguments.section:
-            return None
-        if self.members is not None and not item_sessions(item) & self.members:
+        if not item_selected(item, self.arguments.section, self.members):
             return None
         content = item["content"].encode()
         found = content.find(self.query)
