@@ -16,14 +16,15 @@ from typing import Any
 from sqlalchemy import RowMapping, and_, case, delete, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from continuum.merge.v1 import error_code_pb2
 from continuum_merge.tables import event_cursors, session_merge_attempts, session_merge_units, session_merges
 from continuum_runtime.database import insert_ignoring_conflicts
 
 PROTOCOL_VERSION = 2
 UNFINISHED = ("preparing", "paused", "failed")
 FIRST_EPOCH = 1
-# The pause of a package that no longer matches its hashes (seed 000 §6.3).
-DAMAGED = "PACKAGE_DAMAGED"
+# The pause of a package that no longer matches its hashes (seed 000 §6.3), named by the contract.
+DAMAGED = error_code_pb2.MergeErrorCode.Name(error_code_pb2.PACKAGE_DAMAGED)
 
 
 @dataclass(frozen=True)

@@ -403,7 +403,7 @@ class OperationRun:
             await self._release_claims()
         sealed = await self._pipeline.verify_snapshot(self._package)
         if sealed.snapshot_hash != operation.snapshot_hash:
-            raise StageStop("PACKAGE_DAMAGED", "the sealed package no longer matches its recorded hash", "paused")
+            raise StageStop(store.DAMAGED, "the sealed package no longer matches its recorded hash", "paused")
         self._block_on(sealed)
 
     def _block_on(self, sealed: Sealed) -> None:
@@ -525,7 +525,7 @@ class OperationRun:
         id, then the conditional completed update (against a cancel exactly one of them wins)."""
         handoff_hash = await self._pipeline.verify_handoff(self._package)
         if handoff_hash != operation.handoff_hash:
-            raise StageStop("PACKAGE_DAMAGED", "the handoff no longer matches its recorded hash", "paused")
+            raise StageStop(store.DAMAGED, "the handoff no longer matches its recorded hash", "paused")
         if operation.stage != "publishing":
             await self._advance(stage="publishing")
         execution = operation.execution
