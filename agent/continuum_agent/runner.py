@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 from google.protobuf import struct_pb2
 
-from continuum.transcript.v1 import error_reason_pb2 as transcript_reasons
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum_agent import run_state
 from continuum_agent.clients import Upstreams
@@ -38,8 +37,6 @@ from continuum_agent.tools import Workspace
 from continuum_agent.turn import Turn, TurnLoop
 
 logger = logging.getLogger("continuum.agent")
-# Transcript's refusal while another turn holds the session.
-SESSION_ALREADY_RUNNING = transcript_reasons.ErrorReason.Name(transcript_reasons.SESSION_ALREADY_RUNNING)
 
 
 @dataclass(frozen=True)
@@ -110,7 +107,7 @@ class TurnRunner:
             except UpstreamRefused as refused:
                 # Perhaps the first call of this very request, still running (here before a restart, or
                 # at another replica): its user message is stored before its turn begins.
-                if client_request_id and refused.reason == SESSION_ALREADY_RUNNING:
+                if client_request_id and refused.reason == run_state.SESSION_ALREADY_RUNNING:
                     replayed = await self._replayed(user, session_id, text, client_request_id)
                     if replayed is not None:
                         return replayed

@@ -147,12 +147,19 @@ def _string_argument(arguments: dict[str, Any], key: str, default: str | None = 
     return value
 
 
+def _encoded_size(item: dict[str, Any]) -> int:
+    """The bytes `item` adds to a result's JSON (with its separator): lists stop at the result's byte cap,
+    not only at their count, so long or non-ASCII names and lines still fit and say they were cut."""
+    return len(json.dumps(item, ensure_ascii=False).encode()) + 2
+
+
 def _list_directory(workspace: Workspace, arguments: dict[str, Any]) -> dict[str, Any]:
     directory = workspace.resolve(_string_argument(arguments, "path", "."))
     if not directory.is_dir():
         raise ToolRefused("path is not a directory")
     entries: list[dict[str, Any]] = []
     truncated = False
+    used = 0
     with os.scandir(directory) as scanned:
         # The first MAX_ENTRIES names (plus one, to know there are more), without holding every entry
         # of a huge directory.
@@ -164,6 +171,10 @@ def _list_directory(workspace: Workspace, arguments: dict[str, Any]) -> dict[str
             item: dict[str, Any] = {"name": entry.name, "type": kind}
             if kind == "file":
                 item["size"] = entry.stat(follow_symlinks=False).st_size
+            used += _encoded_size(item)
+            if used > workspace.max_result_bytes:
+                truncated = True
+                break
             entries.append(item)
     return {"path": workspace.relative(directory), "entries": entries, "truncated": truncated}
 
@@ -205,6 +216,7 @@ def _search_text(workspace: Workspace, arguments: dict[str, Any]) -> dict[str, A
     matches: list[dict[str, Any]] = []
     searched = 0
     truncated = False
+    used = 0
     for path in _files_beneath(workspace, directory):
         if searched == MAX_SEARCHED_FILES or len(matches) == MAX_MATCHES:
             truncated = True
@@ -219,7 +231,11 @@ def _search_text(workspace: Workspace, arguments: dict[str, Any]) -> dict[str, A
             continue
         for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), start=1):
             if query in line:
-                matches.append({"path": workspace.relative(path), "line": number, "text": line[:MAX_LINE_CHARS]})
+                match = {"path": workspace.relative(path), "line": number, "text": line[:MAX_LINE_CHARS]}
+                used += _encoded_size(match)
+                if used > workspace.max_result_bytes:
+                    return {"query": query, "matches": matches, "searchedFiles": searched, "truncated": True}
+                matches.append(match)
                 if len(matches) == MAX_MATCHES:
                     break
     return {"query": query, "matches": matches, "searchedFiles": searched, "truncated": truncated}

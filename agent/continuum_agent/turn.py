@@ -35,7 +35,6 @@ from typing import TypeVar
 from google.protobuf import struct_pb2
 
 from continuum.compaction.v1 import compaction_service_pb2 as capi
-from continuum.transcript.v1 import error_reason_pb2 as transcript_reasons
 from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum_agent import handoff, memory, run_state
@@ -49,8 +48,6 @@ from continuum_runtime.provider import ProviderError
 
 logger = logging.getLogger("continuum.agent")
 T = TypeVar("T")
-# Transcript's reason for a claim that expired or was released.
-CLAIM_NOT_HELD = transcript_reasons.ErrorReason.Name(transcript_reasons.CLAIM_NOT_HELD)
 
 SYSTEM_PROMPT = (
     "You are the Continuum reference agent. You can list, read and search the files of the session's "
@@ -193,7 +190,7 @@ class TurnLoop:
         try:
             await self._upstreams.renew_claim(turn.user, turn.claim_id, self._settings.claim_ttl_seconds)
         except AgentError as error:
-            if error.reason != CLAIM_NOT_HELD:
+            if error.reason != run_state.CLAIM_NOT_HELD:
                 raise
             # The lease lapsed or the claim was released: the session is no longer this turn's to write.
             logger.warning("claim not renewed", extra={"run_id": turn.run_id, "reason": error.reason})

@@ -84,6 +84,25 @@ def test_a_long_file_is_cut_and_says_so(layout: tuple[Workspace, Path]) -> None:
     assert result["truncated"] is True and len(result["text"]) == 1024
 
 
+def test_long_matches_and_names_stop_at_the_byte_cap_and_say_so(tmp_path: Path) -> None:
+    """Counts alone let 100 long non-ASCII lines (or long names) pass the cap: the bytes decide too."""
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "wide.txt").write_text("".join(f"界面 displayName {'界' * 280} {n}\n" for n in range(100)))
+    for n in range(60):
+        (root / f"{'名' * 60}-{n:02d}.txt").write_text("x")
+    workspace = Workspace.of(str(root), max_result_bytes=8 * 1024)
+    assert workspace is not None
+
+    searched = call(workspace, SEARCH_TEXT, query="displayName")
+    listed = call(workspace, LIST_DIRECTORY)
+
+    for result, items in ((searched, "matches"), (listed, "entries")):
+        assert result["truncated"] is True and result[items]
+        assert len(json.dumps(result[items], ensure_ascii=False).encode()) <= 8 * 1024
+    assert [match["line"] for match in searched["matches"]] == list(range(1, len(searched["matches"]) + 1))
+
+
 @pytest.mark.parametrize(
     ("name", "raw"),
     [

@@ -2,7 +2,7 @@
 
 GET /healthz  200 {"status": "ok"} while the process serves HTTP (liveness).
 GET /readyz   200 {"status": "ok", "upstreams": {"transcript": "SERVING", "compaction": "SERVING"}}
-              (and "merge" when the gateway has a merge address)
+              (and "merge" / "agent" when the gateway has their addresses)
               when every upstream reports SERVING on the standard gRPC health service; otherwise
               503 UNAVAILABLE (AIP-193) whose ErrorInfo metadata gives each upstream's status
               (readiness).
@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 from continuum_gateway.errors import DOMAIN, error_response
 from continuum_gateway.proto_schema import JsonSchema, SchemaBuilder
 from continuum_gateway.routing import Operation, resource
-from continuum_gateway.upstream import COMPACTION, MERGE, SERVING, TRANSCRIPT, upstreams_of
+from continuum_gateway.upstream import SERVING, UPSTREAM_NAMES, upstreams_of
 
 
 async def healthz(request: Request) -> Response:
@@ -50,7 +50,7 @@ def healthz_schema(schemas: SchemaBuilder) -> JsonSchema:
 
 def readyz_schema(schemas: SchemaBuilder) -> JsonSchema:
     """What `readyz` answers when ready."""
-    upstreams = {"type": "object", "properties": {name: {"type": "string"} for name in (TRANSCRIPT, COMPACTION, MERGE)}}
+    upstreams = {"type": "object", "properties": {name: {"type": "string"} for name in UPSTREAM_NAMES}}
     return {
         "type": "object",
         "properties": {"status": _OK, "upstreams": upstreams},

@@ -38,6 +38,8 @@ MERGE = "merge"
 MERGE_SERVICE = merge_service_pb2.DESCRIPTOR.services_by_name["MergeService"].full_name
 AGENT = "agent"
 AGENT_SERVICE = agent_service_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
+# Every upstream readiness can name (merge and the agent only when their addresses are set).
+UPSTREAM_NAMES = (TRANSCRIPT, COMPACTION, MERGE, AGENT)
 # Key of the lifespan state entry holding the `Upstreams`.
 STATE_KEY = "upstreams"
 # The health service's name for a ready upstream.

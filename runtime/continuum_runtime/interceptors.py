@@ -48,13 +48,22 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
 
 class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
-    """Turns `ServiceError` into its status and anything else into a bare INTERNAL."""
+    """Turns `ServiceError` into its status and anything else into a bare INTERNAL.
+
+    With `complete_cancelled_calls`, a unary call whose client went away still runs to its end (its
+    answer dropped): for a service whose unary calls are short database writes (transcript), where a
+    handler stopped between two statements would leave a transaction open. Services whose unary calls
+    do long work (a model call, a package read) leave it off, so a cancel stops that work.
+    """
+
+    def __init__(self, *, complete_cancelled_calls: bool = False) -> None:
+        self._complete = complete_cancelled_calls
 
     async def intercept_service(self, continuation: Continuation, details: grpc.HandlerCallDetails) -> Handler | None:
         handler = await continuation(details)
         if handler is None or details.method.startswith(OPEN_SERVICES):
             return handler
-        return _wrap(handler, details.method)
+        return _wrap(handler, details.method, complete=self._complete)
 
 
 def _log_failure(method: str, error: BaseException) -> ServiceError | None:
@@ -66,11 +75,11 @@ def _log_failure(method: str, error: BaseException) -> ServiceError | None:
     return None
 
 
-def _wrap(handler: Handler, method: str) -> Handler:
+def _wrap(handler: Handler, method: str, *, complete: bool) -> Handler:
     if handler.unary_unary is not None or handler.stream_unary is not None:
         inner = handler.unary_unary or handler.stream_unary
         # A request stream belongs to its call: only a single-request call runs on once cancelled.
-        complete = handler.unary_unary is not None
+        complete = complete and handler.unary_unary is not None
 
         async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:

@@ -76,8 +76,10 @@ async def start_server(
     cleanups: Sequence[Cleanup] = (),
     drains: Sequence[Cleanup] = (),
     untraced_streams: Sequence[str] = (),
+    complete_cancelled_calls: bool = False,
 ) -> GrpcService:
-    """Build and start the server; `register` adds servicers and returns their full service names."""
+    """Build and start the server; `register` adds servicers and returns their full service names.
+    `complete_cancelled_calls`: see `ErrorMappingInterceptor`."""
     interceptors: list[grpc.aio.ServerInterceptor] = []
     if tracer_provider is not None:
         untraced = filters.any_of(
@@ -90,7 +92,10 @@ async def start_server(
         interceptors.append(
             aio_server_interceptor(tracer_provider=tracer_provider, filter_=filters.negate(untraced))  # type: ignore[no-untyped-call]
         )
-    interceptors += [AuthInterceptor(settings.service_token.get_secret_value()), ErrorMappingInterceptor()]
+    interceptors += [
+        AuthInterceptor(settings.service_token.get_secret_value()),
+        ErrorMappingInterceptor(complete_cancelled_calls=complete_cancelled_calls),
+    ]
     server = grpc.aio.server(interceptors=interceptors, options=keepalive_options(settings.grpc_max_message_bytes))
     service_names = list(register(server))
     health_servicer = health.aio.HealthServicer()

@@ -76,4 +76,6 @@ async def start(settings: TranscriptSettings, clock: Clock | None = None) -> Grp
         cleanups=[database.dispose],
         drains=[drain_publishers],
         untraced_streams=["Follow", "WatchSessionEvents"],
+        # Every unary call is a short database step on (possibly) SQLite's one connection.
+        complete_cancelled_calls=True,
     )
