@@ -17,6 +17,7 @@ import grpc
 from google.protobuf import struct_pb2
 
 from continuum.compaction.v1 import compaction_service_pb2 as api
+from continuum.handoff_read.v1 import error_reason_pb2 as handoff_reasons
 from continuum.handoff_read.v1 import handoff_read_service_pb2 as hapi
 from continuum.handoff_read.v1 import handoff_read_service_pb2_grpc as hapi_grpc
 from continuum.transcript.v1 import resources_pb2 as tpb
@@ -30,6 +31,8 @@ logger = logging.getLogger("continuum.compaction")
 
 # The metadata key merge writes on the sessions it publishes.
 OPERATION_METADATA_KEY = "sessionMergeOperationId"
+# Handoff-read's answer when not even its minimal entry fits the budget asked for.
+ENTRY_DOES_NOT_FIT = handoff_reasons.ErrorReason.Name(handoff_reasons.HANDOFF_ENTRY_DOES_NOT_FIT)
 # The tool handoff-read defines (its contract names it).
 HANDOFF_READ_TOOL = "HandoffRead"
 ENTRY_KEY = "handoff_reference"
@@ -124,9 +127,7 @@ class HandoffContext:
             )
         except grpc.aio.AioRpcError as error:
             details = error_details(error)
-            if details.code == grpc.StatusCode.INVALID_ARGUMENT and [v.field for v in details.violations] == [
-                "max_tokens"
-            ]:
+            if details.reason == ENTRY_DOES_NOT_FIT:
                 raise CapacityExceeded(
                     "the merged session's reference entry does not fit the model's window with the current request"
                 ) from error

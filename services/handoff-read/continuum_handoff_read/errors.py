@@ -96,3 +96,10 @@ class MergeUnavailable(HandoffReadError):
 
     code = grpc.StatusCode.UNAVAILABLE
     reason = "MERGE_UNAVAILABLE"
+
+
+class EntryDoesNotFit(HandoffReadError):
+    """Not even the minimal reference entry fits the asked budget."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "HANDOFF_ENTRY_DOES_NOT_FIT"

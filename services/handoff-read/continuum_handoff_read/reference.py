@@ -22,7 +22,7 @@ from typing import Any
 from continuum.handoff_read.v1 import handoff_read_service_pb2 as api
 from continuum_handoff_read.binding import HANDOFF_DIR, Binding, read_beneath
 from continuum_handoff_read.definition import TOOL_NAME, tool_definition
-from continuum_handoff_read.errors import BadRequest, PackageDamaged
+from continuum_handoff_read.errors import EntryDoesNotFit, PackageDamaged
 from continuum_runtime.provider import estimate_message_tokens
 
 # The entry travels as a user-role message (background, never a system instruction).
@@ -113,7 +113,7 @@ def entry_tokens(text: str) -> int:
 
 
 def build(package_version: str, overview: dict[str, Any], brief: dict[str, Any], max_tokens: int) -> Reference:
-    """The entry within `max_tokens` estimated tokens; BadRequest on max_tokens when even the minimal
+    """The entry within `max_tokens` estimated tokens; EntryDoesNotFit when even the minimal
     navigation does not fit (the caller answers its own capacity error)."""
     by_source = _mapping(overview.get("bySource"))
     items = _ordered_items(brief)
@@ -126,7 +126,7 @@ def build(package_version: str, overview: dict[str, Any], brief: dict[str, Any],
     ]
     minimal = entry_tokens(_joined(lines, len(items) + beyond))
     if minimal > max_tokens:
-        raise BadRequest("max_tokens", f"is below the {minimal} estimated tokens of the minimal entry")
+        raise EntryDoesNotFit(f"max_tokens is below the {minimal} estimated tokens of the minimal entry")
     for source, sections in by_source.items():
         line = f"Source {source}: {_source_counts(sections)}."
         if entry_tokens(_joined([*lines, line], len(items) + beyond)) > max_tokens:

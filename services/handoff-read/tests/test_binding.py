@@ -96,9 +96,11 @@ async def test_the_reference_entry_names_the_tool_the_package_and_the_sources_wi
     assert small.estimated_tokens < answer.estimated_tokens
     assert small.items_not_expanded > answer.items_not_expanded
     assert f"{small.items_not_expanded} more items not expanded" in small.reference_text
-    # Too small even for the navigation: refused, naming the field.
-    details, _ = await refused(stack.reference(max_tokens=10), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT")
-    assert [violation.field for violation in details.violations] == ["max_tokens"]
+    # Too small even for the navigation: refused with its own reason (compaction's capacity error).
+    details, _ = await refused(
+        stack.reference(max_tokens=10), grpc.StatusCode.RESOURCE_EXHAUSTED, "HANDOFF_ENTRY_DOES_NOT_FIT"
+    )
+    assert "minimal entry" in details.message
 
 
 async def test_a_damaged_package_or_a_deleted_target_is_refused_before_anything_is_read(stack: HandoffStack) -> None:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,continuum/handoff_read/v1/error_reason.proto\x12\x19\x63ontinuum.handoff_read.v1*\xfa\x02\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x14\n\x10INVALID_ARGUMENT\x10\x01\x12\x13\n\x0fUNAUTHENTICATED\x10\x02\x12\x18\n\x14\x41\x43TING_USER_REQUIRED\x10\x03\x12\x0c\n\x08INTERNAL\x10\x04\x12\x1a\n\x16TRANSCRIPT_UNAVAILABLE\x10\x05\x12\x15\n\x11MERGE_UNAVAILABLE\x10\x06\x12\x15\n\x11HANDOFF_NOT_BOUND\x10\n\x12\x19\n\x15HANDOFF_REF_NOT_FOUND\x10\x0b\x12\x1b\n\x17HANDOFF_PACKAGE_DAMAGED\x10\x0c\x12\x1a\n\x16HANDOFF_CURSOR_INVALID\x10\r\x12 \n\x1cHANDOFF_READ_BUDGET_EXCEEDED\x10\x0e\x12\x1b\n\x17HANDOFF_ASSET_TOO_LARGE\x10\x0f\x12\x1d\n\x19HANDOFF_PERMISSION_DENIED\x10\x10\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,continuum/handoff_read/v1/error_reason.proto\x12\x19\x63ontinuum.handoff_read.v1*\x9a\x03\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x14\n\x10INVALID_ARGUMENT\x10\x01\x12\x13\n\x0fUNAUTHENTICATED\x10\x02\x12\x18\n\x14\x41\x43TING_USER_REQUIRED\x10\x03\x12\x0c\n\x08INTERNAL\x10\x04\x12\x1a\n\x16TRANSCRIPT_UNAVAILABLE\x10\x05\x12\x15\n\x11MERGE_UNAVAILABLE\x10\x06\x12\x15\n\x11HANDOFF_NOT_BOUND\x10\n\x12\x19\n\x15HANDOFF_REF_NOT_FOUND\x10\x0b\x12\x1b\n\x17HANDOFF_PACKAGE_DAMAGED\x10\x0c\x12\x1a\n\x16HANDOFF_CURSOR_INVALID\x10\r\x12 \n\x1cHANDOFF_READ_BUDGET_EXCEEDED\x10\x0e\x12\x1b\n\x17HANDOFF_ASSET_TOO_LARGE\x10\x0f\x12\x1d\n\x19HANDOFF_PERMISSION_DENIED\x10\x10\x12\x1e\n\x1aHANDOFF_ENTRY_DOES_NOT_FIT\x10\x11\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,5 +32,5 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'continuum.handoff_read.v1.e
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ERRORREASON']._serialized_start=76
-  _globals['_ERRORREASON']._serialized_end=454
+  _globals['_ERRORREASON']._serialized_end=486
 # @@protoc_insertion_point(module_scope)

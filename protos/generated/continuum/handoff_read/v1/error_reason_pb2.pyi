@@ -57,6 +57,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """PERMISSION_DENIED: the session or its merge operation belongs to another user. (A run id of
     another user is transcript's RUN_NOT_FOUND, relayed: transcript does not reveal other users' runs.)
     """
+    HANDOFF_ENTRY_DOES_NOT_FIT: _ErrorReason.ValueType  # 17
+    """RESOURCE_EXHAUSTED: not even the minimal reference entry fits the asked max_tokens (compaction
+    answers its own capacity error; the merge stays completed).
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Why a handoff-read call failed: the `reason` of the google.rpc.ErrorInfo detail, with domain
@@ -98,5 +102,9 @@ HANDOFF_ASSET_TOO_LARGE: ErrorReason.ValueType  # 15
 HANDOFF_PERMISSION_DENIED: ErrorReason.ValueType  # 16
 """PERMISSION_DENIED: the session or its merge operation belongs to another user. (A run id of
 another user is transcript's RUN_NOT_FOUND, relayed: transcript does not reveal other users' runs.)
+"""
+HANDOFF_ENTRY_DOES_NOT_FIT: ErrorReason.ValueType  # 17
+"""RESOURCE_EXHAUSTED: not even the minimal reference entry fits the asked max_tokens (compaction
+answers its own capacity error; the merge stays completed).
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
