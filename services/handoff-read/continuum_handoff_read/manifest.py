@@ -30,13 +30,16 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, TypeGuard
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard
 
 import orjson
 
 from continuum_handoff_read.deadline import Deadline
 from continuum_handoff_read.errors import PackageDamaged
 from continuum_handoff_read.files import IntactFiles, PackageFiles, read_range
+
+if TYPE_CHECKING:
+    from continuum_handoff_read.scanners import Scanners
 
 READY = "handoff/ready.json"
 MANIFEST = "snapshot/manifest.json"
@@ -135,11 +138,20 @@ class Line(NamedTuple):
 
 
 class Package:
-    """One package opened for one call: its entry files read and checked, streams verified on first use."""
+    """One package opened for one call: its entry files read and checked, streams verified on first use.
+    `scanners`: the service's scanner processes a search may borrow (none: it scans in its thread)."""
 
-    def __init__(self, package_dir: Path, deadline: Deadline, intact: IntactFiles | None = None) -> None:
+    def __init__(
+        self,
+        package_dir: Path,
+        deadline: Deadline,
+        intact: IntactFiles | None = None,
+        scanners: Scanners | None = None,
+    ) -> None:
+        self.directory = package_dir
         self.files = PackageFiles(package_dir, intact)
         self.deadline = deadline
+        self.scanners = scanners
         self._verified: set[str] = set()
         try:
             self.ready = self._entry_json(READY)

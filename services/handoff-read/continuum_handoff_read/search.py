@@ -17,9 +17,11 @@ part's bytes can differ only if someone altered the sealed package; such a part 
 (HANDOFF_PACKAGE_DAMAGED) before any of its bytes reach the model, and "no match" over a part of its
 registered size is accepted. Hashing every scanned part was a third of the search's CPU time.
 
-The scan is one thread. Reader threads prefetching the next parts were measured and lost (more CPU, no
-less wall time): each part costs four short syscalls (open, fstat, read, close), and every return from
-one needs the GIL back from the scanning thread, so the handoffs cost more than the overlap gains.
+Reader threads prefetching the next parts were measured and lost (more CPU, no less wall time): each
+part costs four short syscalls (open, fstat, read, close), and every return from one needs the GIL back
+from the scanning thread. So the service keeps scanner processes (scanners.py): a page hands each idle
+one a piece of files.jsonl, and this thread scans only the parts they flag, the same way it scans any
+part. A page narrowed to a source, or finding no scanner idle, scans in this thread alone.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from continuum_handoff_read.files import read_into, read_range
 from continuum_handoff_read.manifest import (
     DETAILS,
     FILES,
+    MAX_LINE_BYTES,
     RECORDS,
     Line,
     Package,
@@ -49,10 +52,15 @@ from continuum_handoff_read.manifest import (
     text_part,
 )
 from continuum_handoff_read.results import Entry, Page, ToolResult, utf8_end, utf8_start
+from continuum_handoff_read.scanners import Piece, Scanner, Scanners
 
 # Seed 000 §7.2: at most 8 MiB of body scanned per page.
 SCAN_BYTES = 8 * 1024 * 1024
 BUFFER_BYTES = 1024 * 1024
+# A scanner's piece of files.jsonl: sized to hold its share of the page's budget, within these bounds
+# (small enough that a round overshooting the budget wastes little, large enough to pay for the round trip).
+PIECE_MIN_BYTES = 4 * 1024
+PIECE_MAX_BYTES = 256 * 1024
 # Bytes of context on each side of a match in its excerpt.
 CONTEXT_BYTES = 120
 DEFAULT_LIMIT = 20
@@ -84,6 +92,28 @@ class _Where(NamedTuple):
         return Position(phase="records", row=self.row, at=at, skip=skip, previous=self.previous, record=self.record)
 
 
+class _Previous(NamedTuple):
+    """The last text row scanned (offset -1: none) and where its line is (in `data`, from `at`): parsed
+    only when a flagged part may continue its part."""
+
+    offset: int
+    data: bytes
+    at: int
+
+    def part(self) -> TextPart | None:
+        return text_part(_line(self.data, self.at)) if self.offset >= 0 else None
+
+    def position(self, row: int) -> Position:
+        """Where a page resumes at the line at `row`, carrying this row's tail."""
+        return Position(phase="records", row=row, previous=self.offset)
+
+
+def _line(data: bytes, at: int) -> bytes:
+    """The line of `data` beginning at `at`."""
+    end = data.find(b"\n", at)
+    return data[at:] if end < 0 else data[at:end]
+
+
 @dataclass
 class _Records:
     """records.jsonl walked beside files.jsonl, to know which session a text part belongs to."""
@@ -112,6 +142,9 @@ class _Scan:
     verified: set[str] = field(default_factory=set)
     # One read buffer for every part of the page: the carried bytes and up to BUFFER_BYTES read.
     buffer: bytearray = field(default_factory=lambda: bytearray(BUFFER_BYTES + MAX_QUERY_BYTES))
+    # Text bytes per files.jsonl byte: a first guess (merge's rows are a few hundred bytes, its parts
+    # up to 32 KiB), corrected by every round of scanners.
+    ratio: float = 48.0
 
     def __post_init__(self) -> None:
         self.view = memoryview(self.buffer)
@@ -139,7 +172,107 @@ class _Scan:
         self.verified.add(part.path)
 
     def records(self, start: Position) -> _Stop | None:
-        """Scan the text parts from `start` on."""
+        """Scan the text parts from `start` on: with the service's scanner processes when some are idle
+        and the search is not narrowed to a source, else in this thread."""
+        scanners = self.package.scanners
+        if scanners is not None and self.members is None:
+            with scanners.borrow() as lent:
+                if lent:
+                    return self._records_in_parallel(start, scanners, lent)
+        return self._records_here(start)
+
+    def _records_in_parallel(self, start: Position, scanners: Scanners, lent: list[Scanner]) -> _Stop | None:
+        """Scan the text parts from `start` on, in rounds of one piece of files.jsonl per scanner; the
+        parts a scanner flags (and a row it could not take, from where this thread goes on alone) are
+        scanned here as `_records_here` scans them."""
+        stream = self.package.stream(FILES)
+        offset = start.row
+        previous = _Previous(-1, b"", 0)
+        if start.previous >= 0:
+            previous = _Previous(start.previous, next(self.package.lines(FILES, start.previous)).data, 0)
+        if start.at or start.skip:
+            # The cursor points inside a row: that row the way _records_here resumes it, then onwards.
+            line = next(self.package.lines(FILES, start.row))
+            stop = self._records_here(start, rows=1)
+            if stop is not None:
+                return stop
+            offset, previous = line.end, _Previous(line.offset, line.data, 0)
+        with self.package.files.open(stream.path, stream.size) as descriptor:
+            while offset < stream.size:
+                if self.out_of_time():
+                    return _Stop(_TIME, previous.position(offset))
+                pieces = self._pieces(descriptor, offset, stream.size, len(lent))
+                answers = scanners.run(lent, pieces, self.package.deadline) if pieces else None
+                if answers is None:
+                    return self._records_here(previous.position(offset))
+                scanned_before = self.scanned
+                for piece, answer in zip(pieces, answers, strict=True):
+                    flagged = set(answer.flagged)
+                    for index, (row, size) in enumerate(zip(answer.offsets, answer.sizes, strict=True)):
+                        if self.scanned + size > SCAN_BYTES:
+                            return _Stop(_BUDGET, previous.position(row))
+                        if index in flagged:
+                            stop = self._flagged(row, _line(piece.lines, row - piece.offset), previous)
+                            if stop is not None:
+                                return stop
+                        else:
+                            self.scanned += size
+                        previous = _Previous(row, piece.lines, row - piece.offset)
+                    if answer.end < piece.offset + len(piece.lines):
+                        return self._records_here(previous.position(answer.end))
+                offset = pieces[-1].offset + len(pieces[-1].lines)
+                # Text bytes per manifest byte, to size the next round's pieces to the budget left.
+                consumed = offset - pieces[0].offset
+                self.ratio = max(1.0, (self.scanned - scanned_before) / consumed) if consumed else self.ratio
+        return None
+
+    def _pieces(self, descriptor: int, offset: int, size: int, count: int) -> list[Piece]:
+        """Up to `count` pieces of whole lines from `offset`, each expected to hold a `count`-th of the
+        budget left (at least PIECE_MIN_BYTES, at most PIECE_MAX_BYTES of manifest); none when a line
+        is longer than a manifest line may be (this thread then meets it and says so)."""
+        budget = SCAN_BYTES - self.scanned
+        length = int(min(PIECE_MAX_BYTES, max(PIECE_MIN_BYTES, budget / count / self.ratio)))
+        pieces: list[Piece] = []
+        while len(pieces) < count and offset < size:
+            data = read_range(descriptor, offset, min(length, size - offset))
+            if offset + len(data) < size:
+                cut = data.rfind(b"\n")
+                if cut < 0:
+                    data = read_range(descriptor, offset, min(MAX_LINE_BYTES + 1, size - offset))
+                    cut = data.rfind(b"\n")
+                    if cut < 0:
+                        break
+                data = data[: cut + 1]
+            directory = str(self.package.directory)
+            pieces.append(Piece(directory, offset, data, self.query, budget, BUFFER_BYTES))
+            offset += len(data)
+        return pieces
+
+    def _flagged(self, offset: int, line: bytes, previous: _Previous) -> _Stop | None:
+        """Scan a part a scanner flagged, as `_records_here` scans a whole part (with the tail of the
+        part before it in its record), and report its matches."""
+        row = text_part(line)
+        if row is None:
+            raise PackageDamaged("snapshot/files.jsonl changed while it was read")
+        before = previous.part()
+        if not (before and before.record_ref == row.record_ref and before.part == row.part - 1):
+            before = None
+        tail = b""
+        if before is not None and self.carry_bytes:
+            tail = self.package.files.read(
+                before.path, before.size, max(0, before.size - self.carry_bytes), self.carry_bytes
+            )
+        kept = len(tail)
+        end = kept + row.size
+        self.buffer[:kept] = tail
+        self.package.files.read_whole(row.path, row.size, self.view[kept:end])
+        self.scanned += row.size
+        if self.buffer.find(self.query, 0, end) < 0:
+            return None
+        return self._matches(_Where(offset, 0, 0, previous.offset, 0), row, before, kept, end, 0)
+
+    def _records_here(self, start: Position, rows: int | None = None) -> _Stop | None:
+        """Scan the text parts from `start` on in this thread (only the first `rows` text rows, when given)."""
         records = None
         if self.members is not None:
             records = _Records(self.package.lines(RECORDS, start.record), offset=start.record)
@@ -161,6 +294,10 @@ class _Scan:
             row = text_part(line.data)
             if row is None:
                 continue
+            if rows is not None:
+                if rows == 0:
+                    return None
+                rows -= 1
             if records is not None and records.of(row).session_id not in self.members:  # type: ignore[operator]
                 continue
             if not (previous and previous.record_ref == row.record_ref and previous.part == row.part - 1):

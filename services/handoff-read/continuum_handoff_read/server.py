@@ -3,6 +3,8 @@ Handoff-read owns no tables, so there is no database and nothing to migrate."""
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 
 from continuum.handoff_read.v1 import handoff_read_service_pb2_grpc as api_grpc
@@ -10,6 +12,7 @@ from continuum_handoff_read import SERVICE_NAME
 from continuum_handoff_read.binding import Binder
 from continuum_handoff_read.merge_client import MergeClient
 from continuum_handoff_read.reference import ReferenceBuilder
+from continuum_handoff_read.scanners import Scanners
 from continuum_handoff_read.servicer import HandoffReadServicer
 from continuum_handoff_read.settings import HandoffReadSettings
 from continuum_handoff_read.transcript_client import TranscriptClient
@@ -39,6 +42,7 @@ async def start(settings: HandoffReadSettings, clock: Clock | None = None) -> Gr
         settings.transcript_address, token, settings.call_timeout_seconds, settings.grpc_max_message_bytes
     )
     merge = MergeClient(settings.merge_address, token, settings.call_timeout_seconds, settings.grpc_max_message_bytes)
+    scanners = Scanners(settings.resolved_search_scanners())
     binder = Binder(transcript, merge, settings.resolved_package_root(), settings.ready_max_bytes)
     servicer = HandoffReadServicer(
         binder,
@@ -46,7 +50,11 @@ async def start(settings: HandoffReadSettings, clock: Clock | None = None) -> Gr
         cursor_key(settings),
         settings.call_deadline_seconds,
         clock or SystemClock(),
+        scanners,
     )
+
+    async def stop_scanners() -> None:
+        await asyncio.to_thread(scanners.close)
 
     def register(server: grpc.aio.Server) -> list[str]:
         api_grpc.add_HandoffReadServiceServicer_to_server(servicer, server)
@@ -57,5 +65,5 @@ async def start(settings: HandoffReadSettings, clock: Clock | None = None) -> Gr
         settings,
         register=register,
         tracer_provider=tracer_provider(SERVICE_NAME, settings.trace_exporter),
-        cleanups=[transcript.close, merge.close],
+        cleanups=[transcript.close, merge.close, stop_scanners],
     )

@@ -20,6 +20,7 @@ from continuum_handoff_read.deadline import Deadline
 from continuum_handoff_read.errors import BadRequest, BudgetExceeded
 from continuum_handoff_read.files import IntactFiles
 from continuum_handoff_read.reference import ReferenceBuilder
+from continuum_handoff_read.scanners import Scanners
 from continuum_runtime.auth import acting_user
 from continuum_runtime.clock import Clock
 
@@ -44,6 +45,7 @@ class HandoffReadServicer(api_grpc.HandoffReadServiceServicer):
         cursor_key: bytes,
         deadline_seconds: float,
         clock: Clock,
+        scanners: Scanners | None = None,
     ) -> None:
         self._binder = binder
         self._references = references
@@ -53,6 +55,8 @@ class HandoffReadServicer(api_grpc.HandoffReadServiceServicer):
         self._clock = clock
         # Manifests already hashed whole, shared by every call of this process (re-hashed once changed).
         self._intact = IntactFiles()
+        # The scanner processes searches borrow (none: every search scans in its call's thread).
+        self._scanners = scanners
 
     async def GetHandoffReference(
         self, request: api.GetHandoffReferenceRequest, context: Context
@@ -97,6 +101,7 @@ class HandoffReadServicer(api_grpc.HandoffReadServiceServicer):
                 cursor_key=self._cursor_key,
                 deadline=deadline,
                 intact=self._intact,
+                scanners=self._scanners,
             )
         except asyncio.CancelledError:
             deadline.cancel()

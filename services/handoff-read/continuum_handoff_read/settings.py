@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pydantic import Field
@@ -45,6 +46,16 @@ class HandoffReadSettings(ServiceSettings):
     ready_max_bytes: int = Field(default=1024 * 1024, ge=4096)
     # What the reference entry reads of overview.json and brief.json at most (each).
     reference_file_max_bytes: int = Field(default=4 * 1024 * 1024, ge=4096)
+    # Scanner processes a search page spreads its text parts over (scanners.py); 0: every search scans
+    # in its call's thread. Empty: one per CPU, at most 4, none on a single CPU (nothing to overlap with).
+    search_scanners: int | None = Field(default=None, ge=0, le=64)
+
+    def resolved_search_scanners(self) -> int:
+        """How many scanner processes to start."""
+        if self.search_scanners is not None:
+            return self.search_scanners
+        cpus = os.cpu_count() or 1
+        return min(cpus, 4) if cpus > 1 else 0
 
     def resolved_package_root(self) -> Path:
         """Where operation directories live."""

@@ -20,6 +20,7 @@ from continuum_handoff_read.listing import list_directory
 from continuum_handoff_read.manifest import Package
 from continuum_handoff_read.reading import read
 from continuum_handoff_read.results import OUTPUT_BYTES, ToolResult
+from continuum_handoff_read.scanners import Scanners
 from continuum_handoff_read.search import search
 
 _Action = Callable[[Package, Arguments, Position | None, Cursors], ToolResult]
@@ -34,19 +35,21 @@ def execute(
     cursor_key: bytes,
     deadline: Deadline,
     intact: IntactFiles | None = None,
+    scanners: Scanners | None = None,
 ) -> ToolResult:
     """Run one HandoffRead call over the package in `package_dir` (``<package root>/<operation id>/``).
 
     `package_version` is what cursors are bound to (the binding's handoff hash or version: a cursor of
     another package never opens here). `intact` is the service's one IntactFiles (none: every manifest
-    is hashed whole on every call). Raises the service's errors: BadRequest, CursorInvalid,
+    is hashed whole on every call). `scanners` are the service's scanner processes a search borrows
+    (none: it scans in this thread alone). Raises the service's errors: BadRequest, CursorInvalid,
     RefNotFound, PackageDamaged, AssetTooLarge, BudgetExceeded.
     """
     arguments = parse_arguments(arguments_json)
     cursors = Cursors(cursor_key, package_version)
     start = cursors.open(arguments)
     deadline.check("starting the read")
-    with Package(package_dir, deadline, intact) as package:
+    with Package(package_dir, deadline, intact, scanners) as package:
         result = _ACTIONS[arguments.action](package, arguments, start, cursors)
     # The pages are built within the budget; this guards the invariant the contract promises.
     if len(result.wrapped().encode()) > OUTPUT_BYTES:

@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 from package_testing import TEXT_PART_BYTES, PackageBuilder, replace_file
-from test_search import KEY, call
+from test_search import KEY, call, scan_mode  # noqa: F401 (scan_mode: every test in both scan modes)
 
 from continuum_handoff_read import errors, files
 from continuum_handoff_read.deadline import Deadline

@@ -4,6 +4,7 @@ of a very long line, the 8 MiB page budget continued by cursor, bounded output."
 from __future__ import annotations
 
 import json
+import sys
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -15,17 +16,35 @@ from package_testing import TEXT_PART_BYTES, Item, PackageBuilder, evidence
 from continuum_handoff_read import search as search_module
 from continuum_handoff_read.deadline import Deadline
 from continuum_handoff_read.results import OUTPUT_BYTES, ToolResult
+from continuum_handoff_read.scanners import Scanners
 from continuum_handoff_read.tool import execute
 from continuum_merge.extraction.aggregate import verify_handoff
 from continuum_merge.snapshot.verify import verify_snapshot
 from continuum_runtime.clock import SystemClock
 
 KEY = b"handoff-read-test-cursor-key-32b"
+# The scanner processes `call` lends its searches, set per test by `scan_mode` (None: in the call's thread).
+SCANNERS: Scanners | None = None
+
+
+@pytest.fixture(autouse=True, params=["in the call's thread", "with scanner processes"])
+def scan_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, scanner_processes: Scanners) -> None:
+    """Every test here (and in modules importing this fixture) runs once with searches scanning in the
+    call's thread and once with scanner processes: the answers must be the same."""
+    lent = scanner_processes if request.param == "with scanner processes" else None
+    monkeypatch.setattr(sys.modules[__name__], "SCANNERS", lent)
 
 
 def call(package: Path, version: str, **arguments: Any) -> ToolResult:
     """One HandoffRead call with a fresh 15 s deadline; its wrapped text is within the budget."""
-    result = execute(package, version, json.dumps(arguments), cursor_key=KEY, deadline=Deadline(SystemClock()))
+    result = execute(
+        package,
+        version,
+        json.dumps(arguments),
+        cursor_key=KEY,
+        deadline=Deadline(SystemClock()),
+        scanners=SCANNERS,
+    )
     assert len(result.wrapped().encode()) <= OUTPUT_BYTES
     return result
 

@@ -1,0 +1,124 @@
+"""Scanner processes: a search answers the same whether its pieces are small or large, whether a scanner
+died, and whether every scanner is busy elsewhere."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+from collections.abc import Iterator
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from package_testing import TEXT_PART_BYTES, PackageBuilder
+
+from continuum_handoff_read import search as search_module
+from continuum_handoff_read.deadline import Deadline
+from continuum_handoff_read.results import ToolResult
+from continuum_handoff_read.scanners import Scanners
+from continuum_handoff_read.tool import execute
+from continuum_runtime.clock import SystemClock
+
+KEY = b"handoff-read-test-cursor-key-32b"
+NEEDLE = "跨片_NEEDLE/path::name"
+
+
+def every_match(package: Path, version: str, scanners: Scanners | None, **arguments: Any) -> list[tuple[str, str]]:
+    """Every match of a search, page by page, as (ref, excerpt)."""
+    found: list[tuple[str, str]] = []
+    cursor = ""
+    for _ in range(1000):
+        given = {"action": "search", "query": NEEDLE, **arguments} | ({"cursor": cursor} if cursor else {})
+        result: ToolResult = execute(
+            package, version, json.dumps(given), cursor_key=KEY, deadline=Deadline(SystemClock()), scanners=scanners
+        )
+        found += [(entry.ref, entry.text) for entry in result.entries]
+        if result.complete:
+            return found
+        cursor = result.next_cursor
+    raise AssertionError("the search never completed")
+
+
+@pytest.fixture
+def package(tmp_path: Path) -> tuple[Path, str, int]:
+    """Records of one to four parts with the needle planted inside parts and across every kind of cut."""
+    builder = PackageBuilder(tmp_path / "op-pieces")
+    builder.session("a", "a")
+    needle = NEEDLE.encode()
+    planted = 0
+    for index in range(60):
+        body = bytearray(b"filler words and more filler " * ((1 + index % 4) * TEXT_PART_BYTES // 29))
+        if index % 3 == 0:
+            cut = TEXT_PART_BYTES * (1 + index % 2) - len(needle) // 2  # across a cut
+            body[cut : cut + len(needle)] = needle
+            planted += 1
+        if index % 5 == 0:
+            body[100 : 100 + len(needle)] = needle
+            planted += 1
+        builder.message("a", index + 1, bytes(body))
+    return builder.package_dir, builder.finish(), planted
+
+
+@pytest.fixture
+def own_scanners() -> Iterator[tuple[Scanners, list[BaseProcess]]]:
+    """Two scanner processes of this test alone, and their processes."""
+    before = set(multiprocessing.active_children())
+    scanners = Scanners(2)
+    try:
+        yield scanners, [child for child in multiprocessing.active_children() if child not in before]
+    finally:
+        scanners.close()
+
+
+def test_pieces_of_a_row_or_two_find_exactly_what_the_calls_thread_finds(
+    package: tuple[Path, str, int], scanner_processes: Scanners, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, version, planted = package
+    alone = every_match(root, version, None)
+    assert len(alone) == planted
+    # Every piece boundary falls between two rows, many between two parts of one record.
+    monkeypatch.setattr(search_module, "PIECE_MIN_BYTES", 300)
+    monkeypatch.setattr(search_module, "PIECE_MAX_BYTES", 700)
+    assert every_match(root, version, scanner_processes) == alone
+    # Pages that stop mid-round and pages full after one match: the same matches (an excerpt may end
+    # sooner where a page's budget ended inside its part).
+    monkeypatch.setattr(search_module, "SCAN_BYTES", 3 * TEXT_PART_BYTES + 17)
+    assert where(every_match(root, version, scanner_processes, limit=1)) == where(alone)
+
+
+def where(found: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The refs and offsets of matches, without their excerpts."""
+    return [(ref, text.split(":")[0]) for ref, text in found]
+
+
+def test_a_killed_scanner_is_replaced_and_the_search_answers_the_same(
+    package: tuple[Path, str, int], own_scanners: tuple[Scanners, list[BaseProcess]]
+) -> None:
+    root, version, _ = package
+    scanners, processes = own_scanners
+    alone = every_match(root, version, None)
+    assert len(processes) == 2
+    for process in processes:
+        assert process.pid is not None
+        os.kill(process.pid, signal.SIGKILL)
+        process.join(10)
+
+    assert every_match(root, version, scanners) == alone
+    assert every_match(root, version, scanners) == alone
+    with scanners.borrow() as lent:
+        assert len(lent) == 2
+        assert all(scanner.process.is_alive() for scanner in lent)
+
+
+def test_a_search_finding_every_scanner_lent_scans_in_its_own_thread(
+    package: tuple[Path, str, int], own_scanners: tuple[Scanners, list[BaseProcess]]
+) -> None:
+    root, version, _ = package
+    scanners, _ = own_scanners
+    alone = every_match(root, version, None)
+    with scanners.borrow() as lent:
+        assert len(lent) == 2
+        assert every_match(root, version, scanners) == alone
