@@ -77,6 +77,12 @@ class PackageFiles:
         self._openat2 = _SYSCALL is not None
         self._directories: dict[str, int] = {"": self._root}
 
+    def identity(self) -> tuple[int, int]:
+        """The device and inode of the package directory as opened (another process checks that it
+        opened the same one)."""
+        status = os.fstat(self._root)
+        return status.st_dev, status.st_ino
+
     def close(self) -> None:
         """Release the package directory's descriptors."""
         for descriptor in self._directories.values():

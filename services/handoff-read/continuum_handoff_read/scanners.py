@@ -27,6 +27,7 @@ import queue
 import signal
 import threading
 import traceback
+from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection
@@ -36,7 +37,7 @@ from typing import Any, NamedTuple
 from continuum_handoff_read.deadline import Deadline
 from continuum_handoff_read.errors import PackageDamaged
 from continuum_handoff_read.files import PackageFiles
-from continuum_handoff_read.manifest import text_part
+from continuum_handoff_read.manifest import TextPart, text_part
 
 logger = logging.getLogger("continuum.handoff_read")
 
@@ -48,12 +49,15 @@ SCANNER_NAME = "handoff-read-scanner"
 
 class Piece(NamedTuple):
     """A run of whole files.jsonl lines starting at byte `offset` of the stream, and how to scan it:
-    the query, the page's budget left (no row past it is taken) and the largest part a row may have
-    (the reader's buffer)."""
+    the package directory (its path, and its device and inode as the reader opened it), the line before
+    the piece (empty: none), the query, the page's budget left (no row past it is taken) and the largest
+    part a row may have (the reader's buffer)."""
 
     package_dir: str
+    package: tuple[int, int]
     offset: int
     lines: bytes
+    previous: bytes
     query: bytes
     budget: int
     max_part: int
@@ -70,56 +74,90 @@ class Prescan(NamedTuple):
     end: int
 
 
-def prescan(piece: Piece, buffer: bytearray) -> Prescan:
-    """Scan `piece` (in a scanner process) with `buffer` (at least max_part + len(query) bytes)."""
+def prescan(piece: Piece, files: PackageFiles, buffer: bytearray) -> Prescan:
+    """Scan `piece` (in a scanner process) in `files` with `buffer` (at least max_part + len(query) bytes)."""
     offsets: list[int] = []
     sizes: list[int] = []
     flagged: list[int] = []
     view = memoryview(buffer)
     query = piece.query
     carry_bytes = len(query) - 1
-    try:
-        files = PackageFiles(Path(piece.package_dir))
-    except PackageDamaged:
-        return Prescan(offsets, sizes, flagged, piece.offset)
-    with files:
-        read_whole = files.read_whole
-        previous = None
-        tail = b""
-        scanned = 0
-        here = piece.offset
-        for data in piece.lines.split(b"\n"):
-            start, here = here, here + len(data) + 1
-            if b'"text"' not in data:  # not raw rows, most assets (as the reader filters)
-                continue
-            try:
-                row = text_part(data)
-            except PackageDamaged:
-                return Prescan(offsets, sizes, flagged, start)
-            if row is None:
-                continue
-            size = row.size
-            if size > piece.max_part or scanned + size > piece.budget:
-                return Prescan(offsets, sizes, flagged, start)
-            chained = previous is not None and previous.record_ref == row.record_ref and previous.part == row.part - 1
+    read_whole = files.read_whole
+    scanned = 0
+    here = piece.offset
+    previous = _text_part_or_none(piece.previous)
+    # The tail of the part before the piece is read only if the piece's first row continues it.
+    tail: bytes | None = None
+    for data in piece.lines.split(b"\n"):
+        start, here = here, here + len(data) + 1
+        if b'"text"' not in data:  # not raw rows, most assets (as the reader filters)
+            continue
+        try:
+            row = text_part(data)
+        except PackageDamaged:
+            return Prescan(offsets, sizes, flagged, start)
+        if row is None:
+            continue
+        size = row.size
+        if size > piece.max_part or scanned + size > piece.budget:
+            return Prescan(offsets, sizes, flagged, start)
+        chained = previous is not None and previous.record_ref == row.record_ref and previous.part == row.part - 1
+        try:
             if not chained:
                 tail = b""
-            kept = len(tail)
+            elif tail is None and previous is not None:
+                tail = files.read(previous.path, previous.size, max(0, previous.size - carry_bytes), carry_bytes)
+            kept = len(tail or b"")
             end = kept + size
-            buffer[:kept] = tail
-            try:
-                read_whole(row.path, size, view[kept:end])
-            except (PackageDamaged, OSError):
-                return Prescan(offsets, sizes, flagged, start)
-            # Any match found has a byte in this part: the carried bytes are one byte shorter than the query.
-            if buffer.find(query, 0, end) >= 0 or (previous is None and row.part > 0):
-                flagged.append(len(offsets))
-            offsets.append(start)
-            sizes.append(size)
-            scanned += size
-            tail = bytes(view[max(0, end - carry_bytes) : end]) if carry_bytes else b""
-            previous = row
+            buffer[:kept] = tail or b""
+            read_whole(row.path, size, view[kept:end])
+        except (PackageDamaged, OSError):
+            return Prescan(offsets, sizes, flagged, start)
+        # Any match found has a byte in this part: the carried bytes are one byte shorter than the query.
+        # A first row continuing a part this scanner could not check is the reader's to scan.
+        if buffer.find(query, 0, end) >= 0 or (not chained and row.part > 0 and not offsets):
+            flagged.append(len(offsets))
+        offsets.append(start)
+        sizes.append(size)
+        scanned += size
+        tail = bytes(view[max(0, end - carry_bytes) : end]) if carry_bytes else b""
+        previous = row
     return Prescan(offsets, sizes, flagged, piece.offset + len(piece.lines))
+
+
+def _text_part_or_none(line: bytes) -> TextPart | None:
+    try:
+        return text_part(line) if line else None
+    except PackageDamaged:
+        return None
+
+
+class _Packages:
+    """The package directories a scanner has open, by path and identity (a few: one per search at once)."""
+
+    def __init__(self, capacity: int = 4) -> None:
+        self._capacity = capacity
+        self._open: dict[tuple[str, int, int], PackageFiles] = {}
+
+    def get(self, piece: Piece) -> PackageFiles | None:
+        """The piece's package opened, if it is still the directory the reader opened."""
+        key = (piece.package_dir, *piece.package)
+        files = self._open.get(key)
+        if files is not None:
+            return files
+        if len(self._open) >= self._capacity:
+            for opened in self._open.values():
+                opened.close()
+            self._open.clear()
+        try:
+            files = PackageFiles(Path(piece.package_dir))
+        except PackageDamaged:
+            return None
+        if files.identity() != piece.package:
+            files.close()  # replaced since the reader opened it
+            return None
+        self._open[key] = files
+        return files
 
 
 def _serve(connection: Connection) -> None:
@@ -127,6 +165,7 @@ def _serve(connection: Connection) -> None:
     # Ctrl-C in a terminal reaches the whole process group: the service decides when scanners stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     buffer = bytearray()
+    packages = _Packages()
     while True:
         try:
             piece = connection.recv()
@@ -138,49 +177,69 @@ def _serve(connection: Connection) -> None:
             needed = piece.max_part + len(piece.query)
             if len(buffer) < needed:
                 buffer = bytearray(needed)
-            connection.send(prescan(piece, buffer))
+            files = packages.get(piece)
+            answer = Prescan([], [], [], piece.offset) if files is None else prescan(piece, files, buffer)
+            connection.send(answer)
         except Exception:
             # A programming error: the reader logs it (with its frames) and scans the page itself.
             connection.send(traceback.format_exc())
 
 
 class Scanner:
-    """One scanner process and the reader's end of its pipe."""
+    """One scanner process and the reader's end of its pipe.
+
+    A page may end with pieces still out (its budget ran out first): their answers stay in the pipe,
+    and the next borrower skips that many answers before its own (a scanner answers in order).
+    """
 
     def __init__(self, context: Any) -> None:
         self.connection, child = context.Pipe()
         self.process = context.Process(target=_serve, args=(child,), name=SCANNER_NAME, daemon=True)
         self.process.start()
         child.close()
-        # Whether a piece was sent whose answer was not received: its answer would reach the next
-        # borrower as the answer to another piece, so such a scanner is never lent again.
-        self.busy = False
+        self.outstanding = 0
+        self._stale = 0
+        # Set when the process died, failed or kept a borrower waiting past its deadline: never lent again.
+        self.broken = False
+
+    def lend(self) -> None:
+        """Make the answers still out stale: the new borrower's pieces are the next ones answered."""
+        self._stale = self.outstanding
 
     def send(self, piece: Piece) -> bool:
         """Hand `piece` over; False when the process is gone."""
-        self.busy = True
         try:
             self.connection.send(piece)
         except OSError:
+            self.broken = True
             return False
+        self.outstanding += 1
         return True
 
     def receive(self, deadline: Deadline) -> Prescan | None:
-        """The answer to the piece sent, or None (the deadline passed, the process died or failed)."""
-        try:
-            if not self.connection.poll(deadline.remaining()):
+        """The answer to the oldest piece this borrower sent, or None (the deadline passed, the
+        process died or failed)."""
+        while True:
+            try:
+                answer = self.connection.recv() if self.connection.poll(deadline.remaining()) else None
+            except (EOFError, OSError):
+                answer = None
+            if answer is None:
+                self.broken = True
                 return None
-            answer = self.connection.recv()
-        except (EOFError, OSError):
-            return None
-        self.busy = False
-        if isinstance(answer, str):
-            logger.error("a search scanner failed; the page is scanned in the reader's thread\n%s", answer)
-            return None
-        prescanned: Prescan = answer
-        return prescanned
+            self.outstanding -= 1
+            if self._stale:
+                self._stale -= 1
+                continue
+            if isinstance(answer, str):
+                self.broken = True
+                logger.error("a search scanner failed; the page is scanned in the reader's thread\n%s", answer)
+                return None
+            prescanned: Prescan = answer
+            return prescanned
 
     def stop(self) -> None:
+        """Ask the process to exit (kill it when it does not)."""
         with suppress(OSError):
             self.connection.send(None)
         self.connection.close()
@@ -188,6 +247,45 @@ class Scanner:
         if self.process.is_alive():
             self.process.kill()
             self.process.join()
+
+
+class Pipeline:
+    """Pieces out on lent scanners, at most `depth` per scanner (so none idles between two pieces),
+    their answers taken in the order the pieces were sent."""
+
+    def __init__(self, scanners: Sequence[Scanner], deadline: Deadline, depth: int = 2) -> None:
+        self._scanners = scanners
+        self._deadline = deadline
+        self._capacity = depth * len(scanners)
+        self._out: deque[tuple[Piece, Scanner]] = deque()
+        self.out_bytes = 0
+
+    def room(self) -> bool:
+        """Whether another piece may go out."""
+        return len(self._out) < self._capacity
+
+    def send(self, piece: Piece) -> bool:
+        """Hand `piece` to the least busy scanner; False when that failed."""
+        scanner = min(self._scanners, key=lambda candidate: candidate.outstanding)
+        if not scanner.send(piece):
+            return False
+        self._out.append((piece, scanner))
+        self.out_bytes += len(piece.lines)
+        return True
+
+    def next(self) -> tuple[Piece, Prescan] | None:
+        """The oldest piece out and its answer; None when nothing is out or a scanner failed."""
+        if not self._out:
+            return None
+        piece, scanner = self._out.popleft()
+        self.out_bytes -= len(piece.lines)
+        answer = scanner.receive(self._deadline)
+        return None if answer is None else (piece, answer)
+
+    @property
+    def empty(self) -> bool:
+        """Whether no piece is out."""
+        return not self._out
 
 
 class Scanners:
@@ -209,9 +307,11 @@ class Scanners:
         taken: list[Scanner] = []
         while True:
             try:
-                taken.append(self._idle.get_nowait())
+                scanner = self._idle.get_nowait()
             except queue.Empty:
                 break
+            scanner.lend()
+            taken.append(scanner)
         try:
             yield taken
         finally:
@@ -221,27 +321,13 @@ class Scanners:
     def _give_back(self, scanner: Scanner) -> None:
         with self._lock:
             closed = self._closed
-        if closed or scanner.busy or not scanner.process.is_alive():
+        if closed or scanner.broken or not scanner.process.is_alive():
             scanner.process.kill()
             scanner.stop()
             if closed:
                 return
             scanner = Scanner(self._context)
         self._idle.put(scanner)
-
-    def run(self, scanners: Sequence[Scanner], pieces: Sequence[Piece], deadline: Deadline) -> list[Prescan] | None:
-        """Each piece on its scanner, in parallel; their answers in order, or None when any failed or
-        the deadline passed (the caller then scans in its own thread)."""
-        for scanner, piece in zip(scanners, pieces, strict=False):
-            if not scanner.send(piece):
-                return None
-        answers = []
-        for scanner in scanners[: len(pieces)]:
-            answer = scanner.receive(deadline)
-            if answer is None:
-                return None
-            answers.append(answer)
-        return answers
 
     def close(self) -> None:
         """Stop every idle scanner; borrowed ones stop when they are given back."""
