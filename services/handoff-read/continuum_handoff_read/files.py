@@ -95,11 +95,16 @@ class PackageFiles:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def _directory(self, relative: str) -> int:
-        """The descriptor of a directory beneath the package (opened once per call)."""
+    def directory(self, relative: str) -> int:
+        """The descriptor of a directory beneath the package (opened once; closed with the package);
+        PackageDamaged when it cannot be opened beneath it (a symlink on the way, missing)."""
         descriptor = self._directories.get(relative)
         if descriptor is None:
-            descriptor = self._open_directory_beneath(relative)
+            try:
+                descriptor = self._open_directory_beneath(relative)
+            except OSError as error:
+                code = errno.errorcode.get(error.errno or 0, "error")
+                raise PackageDamaged(f"{relative} cannot be opened beneath the package ({code})") from error
             self._directories[relative] = descriptor
         return descriptor
 
@@ -135,8 +140,11 @@ class PackageFiles:
         if _PATH.fullmatch(relative) is None:
             raise PackageDamaged(f"the package registers an unsafe path {relative!r}")
         directory, _, name = relative.rpartition("/")
+        return self._open_checked(self.directory(directory), name, relative, size)
+
+    def _open_checked(self, directory: int, name: str, relative: str, size: int) -> int:
         try:
-            descriptor = os.open(name, _OPEN_FLAGS, dir_fd=self._directory(directory))
+            descriptor = os.open(name, _OPEN_FLAGS, dir_fd=directory)
         except OSError as error:
             code = errno.errorcode.get(error.errno or 0, "error")
             raise PackageDamaged(f"{relative} cannot be opened beneath the package ({code})") from error
@@ -150,6 +158,19 @@ class PackageFiles:
             os.close(descriptor)
             raise
         return descriptor
+
+    def read_named(self, directory: int, name: str, size: int, into: memoryview) -> None:
+        """`read_whole` for the file `name` in `directory` (a descriptor from `directory()`), for a caller
+        that builds the name itself from checked parts (a search scanner: a text part's
+        ``<sha256>-<part>.txt``, one per part): no pattern match per file, the same open and checks."""
+        if "/" in name or name in ("", ".", ".."):
+            raise PackageDamaged(f"the package registers an unsafe name {name!r}")
+        descriptor = self._open_checked(directory, name, name, size)
+        try:
+            if os.preadv(descriptor, [into], 0) != size:  # one read, almost always
+                read_into(descriptor, into, 0)
+        finally:
+            os.close(descriptor)
 
     @contextmanager
     def open(self, relative: str, size: int) -> Iterator[int]:

@@ -47,6 +47,8 @@ OVERVIEW = "handoff/overview.json"
 RECORDS = "snapshot/records.jsonl"
 FILES = "snapshot/files.jsonl"
 DETAILS = "handoff/details.jsonl"
+# Where every text part is: ``snapshot/text/<recordRef>-<part>.txt`` (text_part checks it).
+TEXT_PARTS = "snapshot/text"
 # Bounds on what is parsed whole: the entry files, one manifest line, one unit's details, one raw
 # session record (read to learn which tree it belongs to).
 ENTRY_FILE_BYTES = 1024 * 1024

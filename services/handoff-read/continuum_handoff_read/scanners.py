@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 from continuum_handoff_read.deadline import Deadline
 from continuum_handoff_read.errors import PackageDamaged
 from continuum_handoff_read.files import PackageFiles
-from continuum_handoff_read.manifest import TextPart, text_part
+from continuum_handoff_read.manifest import TEXT_PARTS, TextPart, text_part
 
 logger = logging.getLogger("continuum.handoff_read")
 
@@ -82,7 +82,13 @@ def prescan(piece: Piece, files: PackageFiles, buffer: bytearray) -> Prescan:
     view = memoryview(buffer)
     query = piece.query
     carry_bytes = len(query) - 1
-    read_whole = files.read_whole
+    # Every text part lives in one directory, opened once; a part's name is the tail of the path
+    # text_part checked against merge's layout (``<recordRef>-<part>.txt``).
+    try:
+        directory = files.directory(TEXT_PARTS)
+    except PackageDamaged:
+        return Prescan(offsets, sizes, flagged, piece.offset)  # the reader meets it and says why
+    read_named, name_at = files.read_named, len(TEXT_PARTS) + 1
     scanned = 0
     here = piece.offset
     previous = _text_part_or_none(piece.previous)
@@ -110,7 +116,7 @@ def prescan(piece: Piece, files: PackageFiles, buffer: bytearray) -> Prescan:
             kept = len(tail or b"")
             end = kept + size
             buffer[:kept] = tail or b""
-            read_whole(row.path, size, view[kept:end])
+            read_named(directory, row.path[name_at:], size, view[kept:end])
         except (PackageDamaged, OSError):
             return Prescan(offsets, sizes, flagged, start)
         # Any match found has a byte in this part: the carried bytes are one byte shorter than the query.
