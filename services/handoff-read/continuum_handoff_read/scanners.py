@@ -12,7 +12,7 @@ the registered size), reads it whole after the carried tail of the part before i
 and looks for the query. It answers which text rows it scanned and which of them the reader must look
 at itself ("flagged"): a match ending in the row's own bytes, or a first row of the piece that may
 continue a part of the piece before (a scanner never sees that part's bytes). It stops before a row it
-cannot take (larger than the reader's buffer or the budget, damaged, unreadable), where the reader
+cannot take (larger than the reader's buffer, damaged, unreadable), where the reader
 goes on in its own thread and meets the same row and its error.
 
 A scanner hashes nothing and hands nothing out: the reader re-reads every flagged part, verifies it and
@@ -28,7 +28,7 @@ import signal
 import threading
 import traceback
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -50,8 +50,11 @@ SCANNER_NAME = "handoff-read-scanner"
 class Piece(NamedTuple):
     """A run of whole files.jsonl lines starting at byte `offset` of the stream, and how to scan it:
     the package directory (its path, and its device and inode as the reader opened it), the line before
-    the piece (empty: none), the query, the page's budget left (no row past it is taken) and the largest
-    part a row may have (the reader's buffer)."""
+    the piece (empty: none), the query and the largest part a row may have (the reader's buffer).
+
+    A scanner scans a piece whole (the reader cuts it where its page's budget ends, and a page may pick
+    up a piece read ahead by the page before): its work is bounded by the piece's rows, at most
+    search.PIECE_MAX_BYTES of manifest, times `max_part`."""
 
     package_dir: str
     package: tuple[int, int]
@@ -59,7 +62,6 @@ class Piece(NamedTuple):
     lines: bytes
     previous: bytes
     query: bytes
-    budget: int
     max_part: int
 
 
@@ -89,7 +91,6 @@ def prescan(piece: Piece, files: PackageFiles, buffer: bytearray) -> Prescan:
     except PackageDamaged:
         return Prescan(offsets, sizes, flagged, piece.offset)  # the reader meets it and says why
     read_named, name_at = files.read_named, len(TEXT_PARTS) + 1
-    scanned = 0
     here = piece.offset
     previous = _text_part_or_none(piece.previous)
     # The tail of the part before the piece is read only if the piece's first row continues it.
@@ -105,7 +106,7 @@ def prescan(piece: Piece, files: PackageFiles, buffer: bytearray) -> Prescan:
         if row is None:
             continue
         size = row.size
-        if size > piece.max_part or scanned + size > piece.budget:
+        if size > piece.max_part:
             return Prescan(offsets, sizes, flagged, start)
         chained = previous is not None and previous.record_ref == row.record_ref and previous.part == row.part - 1
         try:
@@ -125,7 +126,6 @@ def prescan(piece: Piece, files: PackageFiles, buffer: bytearray) -> Prescan:
             flagged.append(len(offsets))
         offsets.append(start)
         sizes.append(size)
-        scanned += size
         tail = bytes(view[max(0, end - carry_bytes) : end]) if carry_bytes else b""
         previous = row
     return Prescan(offsets, sizes, flagged, piece.offset + len(piece.lines))
@@ -208,9 +208,10 @@ class Scanner:
         # Set when the process died, failed or kept a borrower waiting past its deadline: never lent again.
         self.broken = False
 
-    def lend(self) -> None:
-        """Make the answers still out stale: the new borrower's pieces are the next ones answered."""
-        self._stale = self.outstanding
+    def lend(self, keep: int = 0) -> None:
+        """Make the answers still out stale but the last `keep` (a parked page's pieces the borrower picks
+        up): the borrower's pieces are the next ones answered."""
+        self._stale = self.outstanding - keep
 
     def send(self, piece: Piece) -> bool:
         """Hand `piece` over; False when the process is gone."""
@@ -260,8 +261,9 @@ class Pipeline:
     their answers taken in the order the pieces were sent."""
 
     def __init__(self, scanners: Sequence[Scanner], deadline: Deadline, depth: int = 2) -> None:
-        self._scanners = scanners
-        self._deadline = deadline
+        self.scanners = scanners
+        # Set anew by each call that picks a parked pipeline up.
+        self.deadline = deadline
         self._capacity = depth * len(scanners)
         self._out: deque[tuple[Piece, Scanner]] = deque()
         self.out_bytes = 0
@@ -272,7 +274,7 @@ class Pipeline:
 
     def send(self, piece: Piece) -> bool:
         """Hand `piece` to the least busy scanner; False when that failed."""
-        scanner = min(self._scanners, key=lambda candidate: candidate.outstanding)
+        scanner = min(self.scanners, key=lambda candidate: candidate.outstanding)
         if not scanner.send(piece):
             return False
         self._out.append((piece, scanner))
@@ -285,13 +287,41 @@ class Pipeline:
             return None
         piece, scanner = self._out.popleft()
         self.out_bytes -= len(piece.lines)
-        answer = scanner.receive(self._deadline)
+        answer = scanner.receive(self.deadline)
         return None if answer is None else (piece, answer)
 
     @property
     def empty(self) -> bool:
         """Whether no piece is out."""
         return not self._out
+
+    def out_on(self, scanner: Scanner) -> int:
+        """How many pieces are out on `scanner`."""
+        return sum(1 for _, holder in self._out if holder is scanner)
+
+
+class Parked(NamedTuple):
+    """A search page that ended at its budget with pieces out (read ahead for the next page), kept for
+    the next page of the same search: `key` is what the answers depend on (package, manifest, query,
+    limits), `row` and `previous` where the next page starts; `head` the answered piece the page ended
+    in and the index of its first row not taken; `sent` and `before` where the next piece starts and
+    the line before it; `ratio` the text bytes per manifest byte seen so far."""
+
+    key: Hashable
+    row: int
+    previous: int
+    head: tuple[Piece, Prescan, int] | None
+    pipeline: Pipeline
+    sent: int
+    before: bytes
+    ratio: float
+
+
+class Lent(NamedTuple):
+    """What a page borrowed: the idle scanners, and the parked page it continues (if any)."""
+
+    scanners: list[Scanner]
+    parked: Parked | None
 
 
 class Scanners:
@@ -304,25 +334,41 @@ class Scanners:
         self._idle: queue.SimpleQueue[Scanner] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
+        self._parked: Parked | None = None
         for _ in range(count):
             self._idle.put(Scanner(self._context))
 
     @contextmanager
-    def borrow(self) -> Iterator[list[Scanner]]:
-        """Every idle scanner (possibly none), returned when the block ends."""
+    def borrow(self, key: Hashable, row: int, previous: int) -> Iterator[Lent]:
+        """Every idle scanner (possibly none), returned when the block ends; with the parked page when
+        it was parked by this search (`key`) for a page starting at `row` after `previous`. Any other
+        parked page is dropped (its answers are skipped as stale)."""
+        with self._lock:
+            parked, self._parked = self._parked, None
         taken: list[Scanner] = []
         while True:
             try:
-                scanner = self._idle.get_nowait()
+                taken.append(self._idle.get_nowait())
             except queue.Empty:
                 break
-            scanner.lend()
-            taken.append(scanner)
+        if parked is not None and not (
+            parked.key == key
+            and (parked.row, parked.previous) == (row, previous)
+            and all(scanner in taken and not scanner.broken for scanner in parked.pipeline.scanners)
+        ):
+            parked = None
+        for scanner in taken:
+            scanner.lend(parked.pipeline.out_on(scanner) if parked is not None else 0)
         try:
-            yield taken
+            yield Lent(taken, parked)
         finally:
             for scanner in taken:
                 self._give_back(scanner)
+
+    def park(self, parked: Parked) -> None:
+        """Keep a page's read-ahead for the next page of its search (the last parked wins)."""
+        with self._lock:
+            self._parked = parked
 
     def _give_back(self, scanner: Scanner) -> None:
         with self._lock:

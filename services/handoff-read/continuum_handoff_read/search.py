@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from continuum_handoff_read.arguments import MAX_QUERY_BYTES, Arguments
 from continuum_handoff_read.cursors import CursorRefused, Cursors, Position
+from continuum_handoff_read.deadline import Deadline
 from continuum_handoff_read.errors import BudgetExceeded, PackageDamaged
 from continuum_handoff_read.files import read_into, read_range
 from continuum_handoff_read.manifest import (
@@ -52,7 +53,7 @@ from continuum_handoff_read.manifest import (
     text_part,
 )
 from continuum_handoff_read.results import Entry, Page, ToolResult, utf8_end, utf8_start
-from continuum_handoff_read.scanners import Piece, Pipeline, Scanner
+from continuum_handoff_read.scanners import Lent, Parked, Piece, Pipeline, Prescan, Scanners
 
 # Seed 000 §7.2: at most 8 MiB of body scanned per page.
 SCAN_BYTES = 8 * 1024 * 1024
@@ -109,6 +110,22 @@ class _Previous(NamedTuple):
     def position(self, row: int) -> Position:
         """Where a page resumes at the line at `row`, carrying this row's tail."""
         return Position(phase="records", row=row, previous=self.offset)
+
+
+@dataclass
+class _Out:
+    """The pieces out on scanners, where the next piece starts and the line before it (which its
+    scanner reads to carry a part's tail into the piece)."""
+
+    pipeline: Pipeline
+    sent: int
+    before: bytes
+
+    @classmethod
+    def resumed(cls, parked: Parked, deadline: Deadline) -> _Out:
+        """A parked page's pieces, now answering to `deadline`."""
+        parked.pipeline.deadline = deadline
+        return cls(parked.pipeline, parked.sent, parked.before)
 
 
 def _line(data: bytes, at: int) -> bytes:
@@ -179,16 +196,22 @@ class _Scan:
         and the search is not narrowed to a source, else in this thread."""
         scanners = self.package.scanners
         if scanners is not None and self.members is None:
-            with scanners.borrow() as lent:
-                if lent:
-                    return self._records_in_parallel(start, lent)
+            stream = self.package.stream(FILES)
+            # What a scanner's answers depend on: a parked page of another search is never picked up.
+            package = str(self.package.directory), self.package.files.identity(), stream.sha256
+            key = (*package, self.query, SCAN_BYTES, BUFFER_BYTES)
+            resumed = start.at or start.skip
+            with scanners.borrow(key, -1 if resumed else start.row, start.previous) as lent:
+                if lent.scanners:
+                    return self._records_in_parallel(start, lent, scanners, key)
         return self._records_here(start)
 
-    def _records_in_parallel(self, start: Position, lent: list[Scanner]) -> _Stop | None:
+    def _records_in_parallel(self, start: Position, lent: Lent, scanners: Scanners, key: Hashable) -> _Stop | None:
         """Scan the text parts from `start` on with scanners: pieces of files.jsonl go out while what they
         are expected to hold fits the page's budget, and come back in order; the parts a scanner flags
         (and a row it could not take, from where this thread goes on alone) are scanned here as
-        `_records_here` scans them."""
+        `_records_here` scans them. A page ending at its budget sends the next page's first pieces and
+        parks them: the next page of this search picks their answers up."""
         stream = self.package.stream(FILES)
         offset = start.row
         previous = _Previous(-1, b"", 0)
@@ -201,42 +224,48 @@ class _Scan:
             if stop is not None:
                 return stop
             offset, previous = line.end, _Previous(line.offset, line.data, 0)
-        pipeline = Pipeline(lent, self.package.deadline)
-        sent = offset
-        # The line before the next piece, for its scanner to carry a part's tail into the piece.
-        before = _line(previous.data, previous.at) if previous.offset >= 0 else b""
+        head = None
+        if lent.parked is not None:
+            out = _Out.resumed(lent.parked, self.package.deadline)
+            head, self.ratio = lent.parked.head, lent.parked.ratio
+        else:
+            # The line before the first piece, for its scanner to carry a part's tail into the piece.
+            before = _line(previous.data, previous.at) if previous.offset >= 0 else b""
+            out = _Out(Pipeline(lent.scanners, self.package.deadline), offset, before)
         answered_lines = answered_text = 0
         with self.package.files.open(stream.path, stream.size) as descriptor:
             while True:
-                while (
-                    sent < stream.size
-                    and pipeline.room()
-                    and self.scanned + pipeline.out_bytes * self.ratio < SCAN_BYTES
-                ):
-                    piece = self._piece(descriptor, sent, stream.size, len(lent), before)
-                    if piece is None or not pipeline.send(piece):
-                        break
-                    sent += len(piece.lines)
-                    before = _line(piece.lines, piece.lines.rfind(b"\n", 0, len(piece.lines) - 1) + 1)
-                if pipeline.empty:
+                self._send(out, descriptor, stream.size, SCAN_BYTES - self.scanned)
+                if head is not None:
+                    (piece, answer, first), head = head, None
+                elif out.pipeline.empty:
                     return None if offset >= stream.size else self._records_here(previous.position(offset))
-                if self.out_of_time():
+                elif self.out_of_time():
                     return _Stop(_TIME, previous.position(offset))
-                answered = pipeline.next()
-                if answered is None:
-                    return self._records_here(previous.position(offset))
-                piece, answer = answered
-                flagged = set(answer.flagged)
-                for index, (row, size) in enumerate(zip(answer.offsets, answer.sizes, strict=True)):
-                    if self.scanned + size > SCAN_BYTES:
-                        return _Stop(_BUDGET, previous.position(row))
-                    if index in flagged:
-                        stop = self._flagged(row, _line(piece.lines, row - piece.offset), previous)
-                        if stop is not None:
-                            return stop
-                    else:
-                        self.scanned += size
-                    previous = _Previous(row, piece.lines, row - piece.offset)
+                else:
+                    answered = out.pipeline.next()
+                    if answered is None:
+                        return self._records_here(previous.position(offset))
+                    (piece, answer), first = answered, 0
+                stop, previous, at = self._take(piece, answer, previous, first)
+                if stop is not None:
+                    if stop.reason == _BUDGET:
+                        # Read ahead: the next page's first pieces go out now, while this page is answered.
+                        self._send(out, descriptor, stream.size, SCAN_BYTES)
+                        row, before_row = stop.position.row, stop.position.previous
+                        scanners.park(
+                            Parked(
+                                key,
+                                row,
+                                before_row,
+                                (piece, answer, at),
+                                out.pipeline,
+                                out.sent,
+                                out.before,
+                                self.ratio,
+                            )
+                        )
+                    return stop
                 offset = piece.offset + len(piece.lines)
                 if answer.end < offset:
                     return self._records_here(previous.position(answer.end))
@@ -244,6 +273,46 @@ class _Scan:
                 answered_lines += len(piece.lines)
                 answered_text += sum(answer.sizes)
                 self.ratio = max(1.0, answered_text / answered_lines)
+
+    def _send(self, out: _Out, descriptor: int, size: int, budget: int) -> None:
+        """Send pieces while there is room and what is out is expected to hold less than `budget`."""
+        while out.sent < size and out.pipeline.room() and out.pipeline.out_bytes * self.ratio < budget:
+            piece = self._piece(descriptor, out.sent, size, len(out.pipeline.scanners), out.before)
+            if piece is None or not out.pipeline.send(piece):
+                return
+            out.sent += len(piece.lines)
+            out.before = _line(piece.lines, piece.lines.rfind(b"\n", 0, len(piece.lines) - 1) + 1)
+
+    def _take(
+        self, piece: Piece, answer: Prescan, previous: _Previous, first: int = 0
+    ) -> tuple[_Stop | None, _Previous, int]:
+        """Count a scanner's rows from the `first` on into the page in order, scanning the flagged ones
+        here; a stop where the budget ends or the page fills, the last row taken and the index of the row
+        a stop is at. Rows between two flagged ones are counted at once (most pieces flag none)."""
+        offsets, sizes = answer.offsets, answer.sizes
+        done = first
+        for index in [*(flag for flag in answer.flagged if flag >= first), len(offsets)]:
+            if self.scanned + sum(sizes[done:index]) <= SCAN_BYTES:
+                self.scanned += sum(sizes[done:index])
+                if index > done:
+                    previous = _Previous(offsets[index - 1], piece.lines, offsets[index - 1] - piece.offset)
+            else:
+                for position in range(done, index):
+                    if self.scanned + sizes[position] > SCAN_BYTES:
+                        return _Stop(_BUDGET, previous.position(offsets[position])), previous, position
+                    self.scanned += sizes[position]
+                    previous = _Previous(offsets[position], piece.lines, offsets[position] - piece.offset)
+            if index == len(offsets):
+                break
+            row = offsets[index]
+            if self.scanned + sizes[index] > SCAN_BYTES:
+                return _Stop(_BUDGET, previous.position(row)), previous, index
+            stop = self._flagged(row, _line(piece.lines, row - piece.offset), previous)
+            if stop is not None:
+                return stop, previous, index
+            previous = _Previous(row, piece.lines, row - piece.offset)
+            done = index + 1
+        return None, previous, len(offsets)
 
     def _piece(self, descriptor: int, offset: int, size: int, scanners: int, before: bytes) -> Piece | None:
         """The whole lines from `offset` expected to hold about a PIECES_PER_SCANNER-th of a scanner's
@@ -260,9 +329,8 @@ class _Scan:
                 if cut < 0:
                     return None
             data = data[: cut + 1]
-        budget = SCAN_BYTES - self.scanned
         package = str(self.package.directory), self.package.files.identity()
-        return Piece(*package, offset, data, before, self.query, budget, BUFFER_BYTES)
+        return Piece(*package, offset, data, before, self.query, BUFFER_BYTES)
 
     def _flagged(self, offset: int, line: bytes, previous: _Previous) -> _Stop | None:
         """Scan a part a scanner flagged, as `_records_here` scans a whole part (with the tail of the

@@ -24,14 +24,16 @@ from continuum_runtime.clock import SystemClock
 
 KEY = b"handoff-read-test-cursor-key-32b"
 NEEDLE = "跨片_NEEDLE/path::name"
+# Planted in other records: a search for it pages like one for NEEDLE, and finds other parts.
+OTHER = "OTHER_NEEDLE_42"
 
 
 def every_match(package: Path, version: str, scanners: Scanners | None, **arguments: Any) -> list[tuple[str, str]]:
-    """Every match of a search, page by page, as (ref, excerpt)."""
+    """Every match of a search (for NEEDLE unless `query` is given), page by page, as (ref, excerpt)."""
     found: list[tuple[str, str]] = []
     cursor = ""
     for _ in range(1000):
-        given = {"action": "search", "query": NEEDLE, **arguments} | ({"cursor": cursor} if cursor else {})
+        given = {"action": "search", "query": NEEDLE} | arguments | ({"cursor": cursor} if cursor else {})
         result: ToolResult = execute(
             package, version, json.dumps(given), cursor_key=KEY, deadline=Deadline(SystemClock()), scanners=scanners
         )
@@ -58,6 +60,8 @@ def package(tmp_path: Path) -> tuple[Path, str, int]:
         if index % 5 == 0:
             body[100 : 100 + len(needle)] = needle
             planted += 1
+        if index % 7 == 3:
+            body[200 : 200 + len(OTHER)] = OTHER.encode()
         builder.message("a", index + 1, bytes(body))
     return builder.package_dir, builder.finish(), planted
 
@@ -108,9 +112,9 @@ def test_a_killed_scanner_is_replaced_and_the_search_answers_the_same(
 
     assert every_match(root, version, scanners) == alone
     assert every_match(root, version, scanners) == alone
-    with scanners.borrow() as lent:
-        assert len(lent) == 2
-        assert all(scanner.process.is_alive() for scanner in lent)
+    with scanners.borrow(None, -1, -1) as lent:
+        assert len(lent.scanners) == 2
+        assert all(scanner.process.is_alive() for scanner in lent.scanners)
 
 
 def test_a_search_finding_every_scanner_lent_scans_in_its_own_thread(
@@ -119,6 +123,54 @@ def test_a_search_finding_every_scanner_lent_scans_in_its_own_thread(
     root, version, _ = package
     scanners, _ = own_scanners
     alone = every_match(root, version, None)
-    with scanners.borrow() as lent:
-        assert len(lent) == 2
+    with scanners.borrow(None, -1, -1) as lent:
+        assert len(lent.scanners) == 2
         assert every_match(root, version, scanners) == alone
+
+
+def page(package: Path, version: str, scanners: Scanners | None, query: str, cursor: str = "") -> ToolResult:
+    """One page of a search."""
+    given = {"action": "search", "query": query} | ({"cursor": cursor} if cursor else {})
+    return execute(
+        package, version, json.dumps(given), cursor_key=KEY, deadline=Deadline(SystemClock()), scanners=scanners
+    )
+
+
+def test_pages_read_ahead_are_picked_up_only_by_the_next_page_of_the_same_search(
+    package: tuple[Path, str, int], own_scanners: tuple[Scanners, list[BaseProcess]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page ending at its budget sends the next page's first pieces: two searches paging in turns (their
+    pages end at the same rows, so each page of one starts where the other parked), and every page asked
+    for twice (a retry), answer exactly what each search answers paging alone, which finds what the
+    call's thread finds."""
+    root, version, _ = package
+    scanners, _ = own_scanners
+    monkeypatch.setattr(search_module, "SCAN_BYTES", 5 * TEXT_PART_BYTES)
+    alone = {query: every_page(root, version, scanners, query) for query in (NEEDLE, OTHER)}
+    assert min(len(pages) for pages in alone.values()) > 10
+    for query, pages in alone.items():
+        found = [(entry.ref, entry.text) for p in pages for entry in p.entries]
+        assert found
+        assert where(found) == where(every_match(root, version, None, query=query))
+
+    # OTHER one page ahead: each of its pages starts where NEEDLE's page before it parked its read-ahead.
+    turns: dict[str, list[ToolResult]] = {NEEDLE: [], OTHER: [page(root, version, scanners, OTHER)]}
+    while not all(pages and pages[-1].complete for pages in turns.values()):
+        for query, pages in turns.items():
+            if pages and pages[-1].complete:
+                continue
+            cursor = pages[-1].next_cursor if pages else ""
+            first = page(root, version, scanners, query, cursor)
+            again = page(root, version, scanners, query, cursor)  # a retry of the same page
+            assert (again.entries, again.next_cursor) == (first.entries, first.next_cursor)
+            pages.append(again)
+    for query in (NEEDLE, OTHER):
+        assert [(p.entries, p.next_cursor) for p in turns[query]] == [(p.entries, p.next_cursor) for p in alone[query]]
+
+
+def every_page(package: Path, version: str, scanners: Scanners, query: str) -> list[ToolResult]:
+    """Every page of one search, one after another."""
+    pages = [page(package, version, scanners, query)]
+    while not pages[-1].complete:
+        pages.append(page(package, version, scanners, query, pages[-1].next_cursor))
+    return pages
