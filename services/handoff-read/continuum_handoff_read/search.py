@@ -60,8 +60,8 @@ SCAN_BYTES = 8 * 1024 * 1024
 BUFFER_BYTES = 1024 * 1024
 # A scanner's piece of files.jsonl: expected to hold half its share of a page's budget (two pieces out
 # per scanner keep it busy while the reader takes the other's answer), within these bounds. Measured on
-# 2 CPUs: 1, 2 or 4 pieces per share and sending up to 1.0x or 1.1x the budget ahead differ by less
-# than the noise, except 1 piece per share (a scanner waits for its next piece: 1.6x slower).
+# 2 CPUs with read-ahead: 2 per share beats 1 (1.6x: a scanner waits for its next piece), 4 (1.1x) and
+# 8 (1.2x: the reader's work per piece).
 PIECES_PER_SCANNER = 2
 PIECE_MIN_BYTES = 4 * 1024
 PIECE_MAX_BYTES = 256 * 1024
