@@ -43,7 +43,7 @@ logger = logging.getLogger("continuum.handoff_read")
 
 # A stopped scanner gets this long to exit before it is killed.
 _STOP_SECONDS = 2.0
-# The name of every scanner process (in `ps` and multiprocessing's children).
+# multiprocessing's name of every scanner process (among multiprocessing.active_children()).
 SCANNER_NAME = "handoff-read-scanner"
 
 
