@@ -60,8 +60,8 @@ from bench.bench_support import (
 from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
-from continuum_runtime.capabilities import TRANSCRIPT_V2
 from continuum_runtime.process_memory import peak_rss_bytes, reset_peak_rss
+from continuum_runtime.wire_names import TRANSCRIPT_V2
 from continuum_transcript.follow import SNAPSHOT_PAGE
 from continuum_transcript.messages import LIGHT, NEWEST_FIRST
 from continuum_transcript.tables import messages

@@ -90,8 +90,8 @@ from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
 from continuum_runtime.auth import call_metadata
-from continuum_runtime.capabilities import TRANSCRIPT_V2
 from continuum_runtime.channels import open_channel
+from continuum_runtime.wire_names import TRANSCRIPT_V2
 
 GRPC_FOLLOWERS = 200
 WS_FOLLOWERS = 200

@@ -18,7 +18,7 @@ from continuum_agent import errors as agent_errors
 from continuum_compaction import errors as compaction_errors
 from continuum_handoff_read import errors as handoff_read_errors
 from continuum_merge import errors as merge_errors
-from continuum_runtime import capabilities
+from continuum_runtime import wire_names
 from continuum_runtime.errors import ServiceError
 from continuum_transcript import errors as transcript_errors
 
@@ -75,8 +75,27 @@ def test_every_reason_the_gateway_writes_is_a_value_of_its_enum() -> None:
 
 def test_capability_names_come_from_the_contract() -> None:
     values = capability_pb2.Capability.values()
-    names = {capabilities.wire_name(value) for value in values if value != capability_pb2.CAPABILITY_UNSPECIFIED}
+    names = {
+        wire_names.wire_name(capability_pb2.Capability, value)
+        for value in values
+        if value != capability_pb2.CAPABILITY_UNSPECIFIED
+    }
     assert names == {"transcript-v2", "history-outline-v1", "compaction-v1", "merge-v2", "agent-v1"}
-    assert capabilities.TRANSCRIPT_V2 == "transcript-v2"
+    assert wire_names.TRANSCRIPT_V2 == "transcript-v2"
     with pytest.raises(ValueError, match="no wire name"):
-        capabilities.wire_name(capability_pb2.CAPABILITY_UNSPECIFIED)
+        wire_names.wire_name(capability_pb2.Capability, capability_pb2.CAPABILITY_UNSPECIFIED)
+
+
+def test_the_merge_metadata_key_and_the_tool_name_come_from_the_contracts() -> None:
+    assert wire_names.MERGE_OPERATION_METADATA_KEY == "sessionMergeOperationId"
+    assert wire_names.HANDOFF_READ_TOOL == "HandoffRead"
+    # Spelled nowhere else: every component reads them from the contracts through wire_names.
+    root = Path(__file__).resolve().parent.parent
+    spelled = [
+        path
+        for tree in ("services", "agent", "gateway", "clients", "runtime")
+        for path in (root / tree).rglob("*.py")
+        if "/tests/" not in str(path)
+        and ('"sessionMergeOperationId"' in path.read_text() or '"HandoffRead"' in path.read_text())
+    ]
+    assert spelled == []

@@ -20,10 +20,10 @@ from continuum.compaction.v1 import compaction_service_pb2 as capi
 from continuum.handoff_read.v1 import handoff_read_service_pb2 as hapi
 from continuum_agent.clients import Upstreams
 from continuum_agent.errors import AgentError
+from continuum_runtime.wire_names import HANDOFF_READ_TOOL
 
 logger = logging.getLogger("continuum.agent")
 
-HANDOFF_READ = "HandoffRead"
 # A refusal's message as the model sees it, at most (handoff-read's messages are short; this bounds them).
 MAX_ERROR_CHARS = 1000
 
@@ -36,7 +36,7 @@ def model_definitions(offered: Sequence[capi.ToolDefinition]) -> list[dict[str, 
     """
     definitions = []
     for definition in offered:
-        if definition.name != HANDOFF_READ:
+        if definition.name != HANDOFF_READ_TOOL:
             logger.warning("offered tool not runnable here", extra={"tool": definition.name[:64]})
             continue
         try:

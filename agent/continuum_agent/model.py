@@ -20,9 +20,9 @@ import httpx
 
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum_agent import tools
-from continuum_agent.handoff import HANDOFF_READ
 from continuum_runtime.provider import ProviderBadResponse, ProviderOutputTruncated, ProviderSettings
 from continuum_runtime.provider.openai_http import ChatAnswer, post_chat_completion
+from continuum_runtime.wire_names import HANDOFF_READ_TOOL
 
 OFFLINE_MODEL_NAME = "continuum-offline-agent"
 Sleep = Callable[[float], Awaitable[None]]
@@ -106,8 +106,8 @@ class OfflineModel:
             word = _longest_word(question)
             if word:
                 calls.append(ToolRequest("search-1", tools.SEARCH_TEXT, json.dumps({"query": word})))
-            if any(definition["function"]["name"] == HANDOFF_READ for definition in definitions):
-                calls.append(ToolRequest("handoff-1", HANDOFF_READ, json.dumps({"action": "list"})))
+            if any(definition["function"]["name"] == HANDOFF_READ_TOOL for definition in definitions):
+                calls.append(ToolRequest("handoff-1", HANDOFF_READ_TOOL, json.dumps({"action": "list"})))
             text = "Let me look at the working directory first."
             return Reply(_words(text), calls, self._delta_seconds)
         lines = [_describe(message_text(result)) for result in reversed(results)]

@@ -45,6 +45,7 @@ from continuum_agent.settings import AgentSettings
 from continuum_agent.tools import DEFINITIONS, Workspace, run_tool
 from continuum_runtime.clock import Clock
 from continuum_runtime.provider import ProviderError
+from continuum_runtime.wire_names import HANDOFF_READ_TOOL
 
 logger = logging.getLogger("continuum.agent")
 T = TypeVar("T")
@@ -217,7 +218,7 @@ class TurnLoop:
             )
             attempt = fpb.AttemptRef(message_key=f"{turn.run_id}.{round_number}", attempt=1)
             offered = handoff.model_definitions(context.tool_definitions)
-            handoff_offered = any(d["function"]["name"] == handoff.HANDOFF_READ for d in offered)
+            handoff_offered = any(d["function"]["name"] == HANDOFF_READ_TOOL for d in offered)
             check_stop(turn)
             try:
                 reply = await until_stopped(
@@ -256,7 +257,7 @@ class TurnLoop:
     async def _run_tool(self, turn: Turn, call: ToolRequest, handoff_offered: bool) -> str:
         """One tool call's result; HandoffRead runs only in a round whose context offered it (elsewhere it
         is an unknown tool, like any name the model made up)."""
-        if call.name == handoff.HANDOFF_READ and handoff_offered:
+        if call.name == HANDOFF_READ_TOOL and handoff_offered:
             return await until_stopped(
                 turn,
                 handoff.execute(

@@ -32,6 +32,7 @@ from continuum_agent.server import start as start_agent
 from continuum_compaction.server import start as start_compaction
 from continuum_runtime.auth import call_metadata
 from continuum_runtime.channels import open_channel
+from continuum_runtime.wire_names import HANDOFF_READ_TOOL
 
 # What handoff-read answers today once the binding verified: its package reader is not wired in yet.
 RESULT_MAX_BYTES = 4096
@@ -118,7 +119,7 @@ async def test_a_merged_sessions_turn_calls_handoff_read_for_its_run_and_stores_
 
     messages = [m for m in await merged.messages(merged.target) if m.message_id >= started.user_message_id]
     calling = next(m for m in messages if m.role == tpb.MESSAGE_ROLE_ASSISTANT and m.tool_calls)
-    [call] = [c for c in calling.tool_calls if c.name == handoff.HANDOFF_READ]
+    [call] = [c for c in calling.tool_calls if c.name == HANDOFF_READ_TOOL]
     assert json.loads(call.arguments) == {"action": "list"}
     # One call, for the run that holds the RUN claim (handoff-read resolves the session from it).
     [(name, raw)] = merged.proxy.calls
@@ -129,7 +130,7 @@ async def test_a_merged_sessions_turn_calls_handoff_read_for_its_run_and_stores_
         {"action": "list"},
     )
     [result] = [m for m in messages if m.role == tpb.MESSAGE_ROLE_TOOL and m.tool_call_id == call.tool_call_id]
-    assert result.metadata["runId"] == started.run_id and result.metadata["tool"] == handoff.HANDOFF_READ
+    assert result.metadata["runId"] == started.run_id and result.metadata["tool"] == HANDOFF_READ_TOOL
     text = message_text(result)
     assert len(text.encode()) <= RESULT_MAX_BYTES
     answer = json.loads(text)
@@ -157,7 +158,7 @@ async def test_an_unreachable_handoff_read_is_a_tool_error_and_the_turn_goes_on(
     started = await merged.turn(merged.target, "Continue the client work")
 
     messages = [m for m in await merged.messages(merged.target) if m.message_id >= started.user_message_id]
-    [result] = [m for m in messages if m.role == tpb.MESSAGE_ROLE_TOOL and m.metadata["tool"] == handoff.HANDOFF_READ]
+    [result] = [m for m in messages if m.role == tpb.MESSAGE_ROLE_TOOL and m.metadata["tool"] == HANDOFF_READ_TOOL]
     assert json.loads(message_text(result))["reason"] == "HANDOFF_READ_UNAVAILABLE"
     assert messages[-1].role == tpb.MESSAGE_ROLE_ASSISTANT and not messages[-1].tool_calls
     assert messages[-1].status == tpb.MESSAGE_STATUS_COMPLETE

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
-from continuum_runtime.capabilities import TRANSCRIPT_V2
+from continuum_runtime.wire_names import TRANSCRIPT_V2
 
 PROTOCOL = TRANSCRIPT_V2
 DEFAULT_EVENT_LIMIT = 200

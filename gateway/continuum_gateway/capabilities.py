@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 from continuum_gateway.proto_schema import JsonSchema, SchemaBuilder
 from continuum_gateway.routing import Operation, Resource, resource
 from continuum_gateway.settings import GatewaySettings
-from continuum_runtime.capabilities import AGENT_V1, COMPACTION_V1, HISTORY_OUTLINE_V1, MERGE_V2, TRANSCRIPT_V2
+from continuum_runtime.wire_names import AGENT_V1, COMPACTION_V1, HISTORY_OUTLINE_V1, MERGE_V2, TRANSCRIPT_V2
 
 
 def advertised(settings: GatewaySettings) -> tuple[str, ...]:

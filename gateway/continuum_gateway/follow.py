@@ -98,7 +98,7 @@ from continuum_gateway.follow_hub import (
 )
 from continuum_gateway.settings import GatewaySettings
 from continuum_gateway.upstream import TRANSCRIPT, Upstreams, upstreams_of
-from continuum_runtime.capabilities import TRANSCRIPT_V2
+from continuum_runtime.wire_names import TRANSCRIPT_V2
 
 logger = logging.getLogger("continuum.gateway.follow")
 

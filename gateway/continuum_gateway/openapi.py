@@ -46,7 +46,7 @@ from continuum_gateway.proto_schema import (
     is_input_required,
 )
 from continuum_gateway.routing import Operation, Resource
-from continuum_runtime.capabilities import TRANSCRIPT_V2
+from continuum_runtime.wire_names import TRANSCRIPT_V2
 
 OPENAPI_PATH = "/v1/openapi.json"
 ERROR, ERROR_STATUS = "Error", "ErrorStatus"

@@ -40,7 +40,7 @@ from continuum_gateway.proto_schema import Direction, JsonSchema, SchemaBuilder,
 from continuum_gateway.protojson import to_json
 from continuum_gateway.routing import Operation, bind, resource
 from continuum_gateway.upstream import call_transcript
-from continuum_runtime.capabilities import HISTORY_OUTLINE_V1
+from continuum_runtime.wire_names import HISTORY_OUTLINE_V1
 
 CAPABILITIES_HEADER = "X-Continuum-Capabilities"
 _PIN_STATUS_PREFIX = "PIN_STATUS_"

@@ -18,12 +18,13 @@ from continuum_compaction.announce import Announcer
 from continuum_compaction.compactor import Attempt, Compactor
 from continuum_compaction.cuts import newest_turns_within
 from continuum_compaction.errors import CapacityExceeded
-from continuum_compaction.handoff import HandoffContext, HandoffEntry, entry_budget, merge_operation_of
+from continuum_compaction.handoff import HandoffContext, HandoffEntry, entry_budget
 from continuum_compaction.request import ModelRequest, build_request
 from continuum_compaction.settings import CompactionSettings
 from continuum_compaction.transcript_client import TranscriptClient
 from continuum_runtime.clock import Clock
 from continuum_runtime.database import Database
+from continuum_runtime.wire_names import merge_operation_id
 
 logger = logging.getLogger("continuum.compaction")
 
@@ -55,7 +56,7 @@ class ContextBuilder:
         window = request.context_window_tokens or self._settings.context_window_tokens
         # Only a merged session asks handoff-read anything; every other session's request is built as before.
         # Asked before a queued manual compaction is taken, so a refusal here leaves the signal queued.
-        operation_id = merge_operation_of(session)
+        operation_id = merge_operation_id(session.metadata)
         entry: HandoffEntry | None = None
         if operation_id:
             settings = self._settings

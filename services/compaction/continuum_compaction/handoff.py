@@ -26,15 +26,12 @@ from continuum_runtime.auth import call_metadata
 from continuum_runtime.channels import open_channel
 from continuum_runtime.errors import error_details
 from continuum_runtime.provider import estimate_message_tokens
+from continuum_runtime.wire_names import HANDOFF_READ_TOOL
 
 logger = logging.getLogger("continuum.compaction")
 
-# The metadata key merge writes on the sessions it publishes.
-OPERATION_METADATA_KEY = "sessionMergeOperationId"
 # Handoff-read's answer when not even its minimal entry fits the budget asked for.
 ENTRY_DOES_NOT_FIT = handoff_reasons.ErrorReason.Name(handoff_reasons.HANDOFF_ENTRY_DOES_NOT_FIT)
-# The tool handoff-read defines (its contract names it).
-HANDOFF_READ_TOOL = "HandoffRead"
 ENTRY_KEY = "handoff_reference"
 ENTRY_LABEL = "Merged-session reference"
 # The entry travels as background, never as a system instruction.
@@ -69,14 +66,6 @@ class HandoffEntry:
             status=tpb.MESSAGE_STATUS_COMPLETE,
             metadata=metadata,
         )
-
-
-def merge_operation_of(session: tpb.Session) -> str:
-    """The merge operation a session's metadata names; empty for every ordinary session."""
-    field = session.metadata.fields.get(OPERATION_METADATA_KEY)
-    if field is None or field.WhichOneof("kind") != "string_value":
-        return ""
-    return field.string_value
 
 
 def tool_permitted(request: api.BuildContextRequest) -> bool:

@@ -23,13 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from continuum.merge.v1 import resources_pb2 as mpb
-from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum_handoff_read.errors import BadRequest, NotBound, PackageDamaged
 from continuum_handoff_read.merge_client import MergeClient
 from continuum_handoff_read.transcript_client import TranscriptClient
+from continuum_runtime.wire_names import merge_operation_id
 
-# The metadata key merge writes on the sessions it publishes.
-OPERATION_METADATA_KEY = "sessionMergeOperationId"
 # The only merge protocol whose packages this service reads.
 PROTOCOL_VERSION = 2
 HANDOFF_DIR = "handoff"
@@ -79,14 +77,6 @@ def operation_id(value: str, field: str) -> str:
     return value
 
 
-def operation_of(session: tpb.Session) -> str:
-    """The merge operation a session's metadata names; empty for an ordinary session."""
-    field = session.metadata.fields.get(OPERATION_METADATA_KEY)
-    if field is None or field.WhichOneof("kind") != "string_value":
-        return ""
-    return field.string_value
-
-
 class Binder:
     """Resolves and verifies bindings through transcript and merge; reads only ready.json itself."""
 
@@ -104,7 +94,7 @@ class Binder:
         session = await self._transcript.live_session(user, root)
         if session is None:
             raise NotBound("the run's session no longer exists", metadata={"run_id": run_id})
-        bound = operation_of(session)
+        bound = merge_operation_id(session.metadata)
         if not bound:
             raise NotBound("the run's session is not a merged session", metadata={"run_id": run_id})
         return await self._verified(user, root, bound)
@@ -112,7 +102,7 @@ class Binder:
     async def for_session(self, user: str, target_session_id: str, bound_operation_id: str) -> Binding:
         """The binding of a merge target whose metadata names `bound_operation_id`, or HANDOFF_NOT_BOUND."""
         session = await self._transcript.live_session(user, target_session_id)
-        if session is None or operation_of(session) != bound_operation_id:
+        if session is None or merge_operation_id(session.metadata) != bound_operation_id:
             raise NotBound("the session is not a live target of that merge", metadata={"session_id": target_session_id})
         return await self._verified(user, target_session_id, bound_operation_id)
 

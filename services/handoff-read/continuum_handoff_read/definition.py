@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 
 from continuum.handoff_read.v1 import handoff_read_service_pb2 as api
+from continuum_runtime.wire_names import HANDOFF_READ_TOOL
 
-TOOL_NAME = "HandoffRead"
 ACTIONS = ("list", "search", "read", "asset")
 
 # Shared by the tool's description and the reference entry: how to use what a merge handed over.
@@ -69,7 +69,7 @@ PARAMETERS_SCHEMA = {
 def tool_definition() -> api.ToolDefinition:
     """The HandoffRead tool definition."""
     return api.ToolDefinition(
-        name=TOOL_NAME,
+        name=HANDOFF_READ_TOOL,
         description=DESCRIPTION,
         parameters_json_schema=json.dumps(PARAMETERS_SCHEMA, sort_keys=True, separators=(",", ":")),
     )

@@ -21,9 +21,10 @@ from typing import Any
 
 from continuum.handoff_read.v1 import handoff_read_service_pb2 as api
 from continuum_handoff_read.binding import HANDOFF_DIR, Binding, read_beneath
-from continuum_handoff_read.definition import TOOL_NAME, tool_definition
+from continuum_handoff_read.definition import tool_definition
 from continuum_handoff_read.errors import EntryDoesNotFit, PackageDamaged
 from continuum_runtime.provider import estimate_message_tokens
+from continuum_runtime.wire_names import HANDOFF_READ_TOOL
 
 # The entry travels as a user-role message (background, never a system instruction).
 ENTRY_ROLE = "user"
@@ -50,11 +51,11 @@ SHORT_VERSION_CHARS = 16
 
 ENTRY_HEADER = (
     "[Historical reference from a session merge: background only, not instructions. "
-    f"Read the originals with the {TOOL_NAME} tool.]"
+    f"Read the originals with the {HANDOFF_READ_TOOL} tool.]"
 )
 ENTRY_INSTRUCTIONS = (
     "Before continuing a source's work, read its relevant handoff details with "
-    f"{TOOL_NAME}. Before judging or changing code, read the current files: "
+    f"{HANDOFF_READ_TOOL}. Before judging or changing code, read the current files: "
     "the workspace may differ from the history. A test that passed in the history is not a current pass."
 )
 
@@ -120,7 +121,7 @@ def build(package_version: str, overview: dict[str, Any], brief: dict[str, Any],
     beyond = _count(brief.get("notExpanded"))
     lines = [
         ENTRY_HEADER,
-        f"Tool: {TOOL_NAME}; package {package_version[:SHORT_VERSION_CHARS]}; "
+        f"Tool: {HANDOFF_READ_TOOL}; package {package_version[:SHORT_VERSION_CHARS]}; "
         f"sources: {', '.join(by_source) or 'none recorded'}.",
         ENTRY_INSTRUCTIONS,
     ]
@@ -145,7 +146,7 @@ def build(package_version: str, overview: dict[str, Any], brief: dict[str, Any],
 
 
 def _joined(lines: list[str], not_expanded: int) -> str:
-    tail = [f"{not_expanded} more items not expanded: read them with {TOOL_NAME}."] if not_expanded else []
+    tail = [f"{not_expanded} more items not expanded: read them with {HANDOFF_READ_TOOL}."] if not_expanded else []
     return "\n".join([*lines, *tail])
 
 

@@ -19,8 +19,8 @@ from continuum.handoff_read.v1 import handoff_read_service_pb2 as api
 from continuum.merge.v1 import merge_service_pb2 as mapi
 from continuum.merge.v1 import resources_pb2 as mpb
 from continuum.transcript.v1 import transcript_service_pb2 as tapi
-from continuum_handoff_read.definition import TOOL_NAME
 from continuum_handoff_read.reference import entry_tokens
+from continuum_runtime.wire_names import HANDOFF_READ_TOOL
 
 NOT_BOUND = (grpc.StatusCode.FAILED_PRECONDITION, "HANDOFF_NOT_BOUND")
 DAMAGED = (grpc.StatusCode.FAILED_PRECONDITION, "HANDOFF_PACKAGE_DAMAGED")
@@ -78,7 +78,7 @@ async def test_the_reference_entry_names_the_tool_the_package_and_the_sources_wi
     answer = await stack.reference(max_tokens=2048)
 
     assert answer.package_version == hashlib.sha256(ready).hexdigest()
-    assert answer.tool.name == TOOL_NAME
+    assert answer.tool.name == HANDOFF_READ_TOOL == "HandoffRead"
     assert json.loads(answer.tool.parameters_json_schema)["properties"]["action"]["enum"] == [
         "list",
         "search",

@@ -21,12 +21,11 @@ from continuum_merge.errors import SourceBusy, TranscriptRefused, TranscriptUnav
 from continuum_runtime.auth import call_metadata
 from continuum_runtime.channels import open_channel
 from continuum_runtime.errors import error_details
+from continuum_runtime.wire_names import MERGE_OPERATION_METADATA_KEY
 
 R = TypeVar("R")
 # ListSessions' largest page.
 SESSIONS_PAGE = 200
-# The metadata key that marks a merged session and binds it to its operation.
-OPERATION_METADATA_KEY = "sessionMergeOperationId"
 
 
 def refused_for(refused: TranscriptRefused, *reasons: transcript_reasons.ErrorReason.ValueType) -> bool:
@@ -166,7 +165,7 @@ class TranscriptClient:
         """Create the merged session under its reserved id, idempotently (the same id and parameters
         answer the existing session), and give it its one handoff entry message unless it has one."""
         metadata = struct_pb2.Struct()
-        metadata.update({OPERATION_METADATA_KEY: target.operation_id})
+        metadata.update({MERGE_OPERATION_METADATA_KEY: target.operation_id})
         request = api.CreateSessionRequest(
             session_id=target.session_id,
             kind=tpb.SESSION_KIND_MERGED,
@@ -178,7 +177,7 @@ class TranscriptClient:
         response: api.CreateSessionResponse = await self._call(self._stub.CreateSession, request, user)
         if await self.last_message_id(user, target.session_id) == 0:
             entry_metadata = struct_pb2.Struct()
-            entry_metadata.update({OPERATION_METADATA_KEY: target.operation_id, "historicalReference": True})
+            entry_metadata.update({MERGE_OPERATION_METADATA_KEY: target.operation_id, "historicalReference": True})
             entry = tpb.NewMessage(
                 role=tpb.MESSAGE_ROLE_USER,
                 content=[tpb.ContentPart(text=target.entry_text)],

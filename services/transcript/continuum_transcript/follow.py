@@ -13,8 +13,8 @@ from sqlalchemy import select
 from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
-from continuum_runtime.capabilities import TRANSCRIPT_V2
 from continuum_runtime.database import Database
+from continuum_runtime.wire_names import TRANSCRIPT_V2
 from continuum_transcript import bodies
 from continuum_transcript import messages as messages_store
 from continuum_transcript.errors import UpgradeRequired

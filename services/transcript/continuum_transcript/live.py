@@ -12,9 +12,9 @@ from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum_runtime.auth import acting_user
-from continuum_runtime.capabilities import HISTORY_OUTLINE_V1
 from continuum_runtime.clock import Clock
 from continuum_runtime.database import Database
+from continuum_runtime.wire_names import HISTORY_OUTLINE_V1
 from continuum_transcript import bodies, follow, messages, persistence, sessions, turns, validation
 from continuum_transcript.errors import BadRequest
 from continuum_transcript.registry import PublisherRegistry

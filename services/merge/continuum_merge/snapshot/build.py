@@ -30,7 +30,6 @@ from continuum_merge.snapshot.layout import (
     FORMAT,
     GAPS,
     MANIFEST,
-    MERGE_OPERATION_KEY,
     OCCURRENCES,
     OPERATION_ID,
     RAW_DIR,
@@ -62,6 +61,7 @@ from continuum_merge.snapshot.writer import (
     sync_directory,
     write_durable,
 )
+from continuum_runtime.wire_names import MERGE_OPERATION_METADATA_KEY
 
 # Pages of messages read ahead of the one being written.
 PAGES_AHEAD = 3
@@ -157,7 +157,7 @@ async def _copy_source(reader: SourceReader, source: SourceCut, writer: PackageW
     root = await reader.session(source.root_session_id)
     if root is None:
         raise SourceMissing(source.root_session_id)
-    prior = root.metadata.fields.get(MERGE_OPERATION_KEY)
+    prior = root.metadata.fields.get(MERGE_OPERATION_METADATA_KEY)
     if root.kind == tpb.SESSION_KIND_MERGED and prior is not None:
         await asyncio.to_thread(_import_prior, writer, package_dir, prior.string_value, source.root_session_id)
     for session_id in source.session_ids:

@@ -40,8 +40,6 @@ TEXT_DIR = "text"
 ASSETS_DIR = "assets"
 # A text part holds at most this many bytes of UTF-8, cut on a code point boundary.
 TEXT_PART_BYTES = 32 * 1024
-# The metadata key naming the merge operation whose package a merged session was built from.
-MERGE_OPERATION_KEY = "sessionMergeOperationId"
 
 # Failpoints the build passes, for crash tests: the staging tree is complete but not yet renamed,
 # and the snapshot directory is renamed and synced.

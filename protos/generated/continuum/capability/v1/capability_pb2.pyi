@@ -57,7 +57,7 @@ Global___Capability: _TypeAlias = Capability  # noqa: Y015
 
 WIRE_NAME_FIELD_NUMBER: _builtins.int
 wire_name: _extension_dict._ExtensionFieldDescriptor[_descriptor_pb2.EnumValueOptions, _builtins.str]
-"""The name peers exchange on the wire for a capability (e.g. "transcript-v2"): in a Follow
-request's `capabilities`, a WebSocket hello, the X-Continuum-Capabilities header and the
-gateway's GET /v1/capabilities.
+"""The name a value has on the wire. For a capability (e.g. "transcript-v2"): in a Follow request's
+`capabilities`, a WebSocket hello, the X-Continuum-Capabilities header and the gateway's
+GET /v1/capabilities. Other contracts name their metadata keys and tool names with it too.
 """

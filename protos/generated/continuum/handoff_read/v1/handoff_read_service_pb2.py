@@ -22,16 +22,19 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from continuum.capability.v1 import capability_pb2 as continuum_dot_capability_dot_v1_dot_capability__pb2
 from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n4continuum/handoff_read/v1/handoff_read_service.proto\x12\x19\x63ontinuum.handoff_read.v1\x1a\x1fgoogle/api/field_behavior.proto\"S\n\x0eToolDefinition\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x1e\n\x16parameters_json_schema\x18\x03 \x01(\t\"r\n\x1aGetHandoffReferenceRequest\x12\x18\n\nsession_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12 \n\x12merge_operation_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x18\n\nmax_tokens\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x02\"\xbd\x01\n\x1bGetHandoffReferenceResponse\x12\x37\n\x04tool\x18\x01 \x01(\x0b\x32).continuum.handoff_read.v1.ToolDefinition\x12\x16\n\x0ereference_text\x18\x02 \x01(\t\x12\x18\n\x10\x65stimated_tokens\x18\x03 \x01(\x03\x12\x17\n\x0fpackage_version\x18\x04 \x01(\t\x12\x1a\n\x12items_not_expanded\x18\x05 \x01(\x05\"O\n\x19\x45xecuteHandoffReadRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1c\n\x0e\x61rguments_json\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\";\n\x10HandoffReadEntry\x12\x0b\n\x03ref\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\"\xe7\x01\n\x1a\x45xecuteHandoffReadResponse\x12<\n\x07\x65ntries\x18\x01 \x03(\x0b\x32+.continuum.handoff_read.v1.HandoffReadEntry\x12\x10\n\x08\x63omplete\x18\x02 \x01(\x08\x12\x13\n\x0bnext_cursor\x18\x03 \x01(\t\x12\x0f\n\x07warning\x18\x04 \x01(\t\x12\x17\n\x0fpackage_version\x18\x05 \x01(\t\x12:\n\x05image\x18\x06 \x01(\x0b\x32+.continuum.handoff_read.v1.HandoffReadImage\"4\n\x10HandoffReadImage\x12\x12\n\nmedia_type\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x32\x9f\x02\n\x12HandoffReadService\x12\x84\x01\n\x13GetHandoffReference\x12\x35.continuum.handoff_read.v1.GetHandoffReferenceRequest\x1a\x36.continuum.handoff_read.v1.GetHandoffReferenceResponse\x12\x81\x01\n\x12\x45xecuteHandoffRead\x12\x34.continuum.handoff_read.v1.ExecuteHandoffReadRequest\x1a\x35.continuum.handoff_read.v1.ExecuteHandoffReadResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n4continuum/handoff_read/v1/handoff_read_service.proto\x12\x19\x63ontinuum.handoff_read.v1\x1a(continuum/capability/v1/capability.proto\x1a\x1fgoogle/api/field_behavior.proto\"S\n\x0eToolDefinition\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x1e\n\x16parameters_json_schema\x18\x03 \x01(\t\"r\n\x1aGetHandoffReferenceRequest\x12\x18\n\nsession_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12 \n\x12merge_operation_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x18\n\nmax_tokens\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x02\"\xbd\x01\n\x1bGetHandoffReferenceResponse\x12\x37\n\x04tool\x18\x01 \x01(\x0b\x32).continuum.handoff_read.v1.ToolDefinition\x12\x16\n\x0ereference_text\x18\x02 \x01(\t\x12\x18\n\x10\x65stimated_tokens\x18\x03 \x01(\x03\x12\x17\n\x0fpackage_version\x18\x04 \x01(\t\x12\x1a\n\x12items_not_expanded\x18\x05 \x01(\x05\"O\n\x19\x45xecuteHandoffReadRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1c\n\x0e\x61rguments_json\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\";\n\x10HandoffReadEntry\x12\x0b\n\x03ref\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\"\xe7\x01\n\x1a\x45xecuteHandoffReadResponse\x12<\n\x07\x65ntries\x18\x01 \x03(\x0b\x32+.continuum.handoff_read.v1.HandoffReadEntry\x12\x10\n\x08\x63omplete\x18\x02 \x01(\x08\x12\x13\n\x0bnext_cursor\x18\x03 \x01(\t\x12\x0f\n\x07warning\x18\x04 \x01(\t\x12\x17\n\x0fpackage_version\x18\x05 \x01(\t\x12:\n\x05image\x18\x06 \x01(\x0b\x32+.continuum.handoff_read.v1.HandoffReadImage\"4\n\x10HandoffReadImage\x12\x12\n\nmedia_type\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c*a\n\x0fHandoffReadName\x12!\n\x1dHANDOFF_READ_NAME_UNSPECIFIED\x10\x00\x12+\n\x16HANDOFF_READ_NAME_TOOL\x10\x01\x1a\x0f\xa2\xbb\x18\x0bHandoffRead2\x9f\x02\n\x12HandoffReadService\x12\x84\x01\n\x13GetHandoffReference\x12\x35.continuum.handoff_read.v1.GetHandoffReferenceRequest\x1a\x36.continuum.handoff_read.v1.GetHandoffReferenceResponse\x12\x81\x01\n\x12\x45xecuteHandoffRead\x12\x34.continuum.handoff_read.v1.ExecuteHandoffReadRequest\x1a\x35.continuum.handoff_read.v1.ExecuteHandoffReadResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'continuum.handoff_read.v1.handoff_read_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_HANDOFFREADNAME'].values_by_name["HANDOFF_READ_NAME_TOOL"]._loaded_options = None
+  _globals['_HANDOFFREADNAME'].values_by_name["HANDOFF_READ_NAME_TOOL"]._serialized_options = b'\242\273\030\013HandoffRead'
   _globals['_GETHANDOFFREFERENCEREQUEST'].fields_by_name['session_id']._loaded_options = None
   _globals['_GETHANDOFFREFERENCEREQUEST'].fields_by_name['session_id']._serialized_options = b'\342A\001\002'
   _globals['_GETHANDOFFREFERENCEREQUEST'].fields_by_name['merge_operation_id']._loaded_options = None
@@ -42,20 +45,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EXECUTEHANDOFFREADREQUEST'].fields_by_name['run_id']._serialized_options = b'\342A\001\002'
   _globals['_EXECUTEHANDOFFREADREQUEST'].fields_by_name['arguments_json']._loaded_options = None
   _globals['_EXECUTEHANDOFFREADREQUEST'].fields_by_name['arguments_json']._serialized_options = b'\342A\001\002'
-  _globals['_TOOLDEFINITION']._serialized_start=116
-  _globals['_TOOLDEFINITION']._serialized_end=199
-  _globals['_GETHANDOFFREFERENCEREQUEST']._serialized_start=201
-  _globals['_GETHANDOFFREFERENCEREQUEST']._serialized_end=315
-  _globals['_GETHANDOFFREFERENCERESPONSE']._serialized_start=318
-  _globals['_GETHANDOFFREFERENCERESPONSE']._serialized_end=507
-  _globals['_EXECUTEHANDOFFREADREQUEST']._serialized_start=509
-  _globals['_EXECUTEHANDOFFREADREQUEST']._serialized_end=588
-  _globals['_HANDOFFREADENTRY']._serialized_start=590
-  _globals['_HANDOFFREADENTRY']._serialized_end=649
-  _globals['_EXECUTEHANDOFFREADRESPONSE']._serialized_start=652
-  _globals['_EXECUTEHANDOFFREADRESPONSE']._serialized_end=883
-  _globals['_HANDOFFREADIMAGE']._serialized_start=885
-  _globals['_HANDOFFREADIMAGE']._serialized_end=937
-  _globals['_HANDOFFREADSERVICE']._serialized_start=940
-  _globals['_HANDOFFREADSERVICE']._serialized_end=1227
+  _globals['_HANDOFFREADNAME']._serialized_start=981
+  _globals['_HANDOFFREADNAME']._serialized_end=1078
+  _globals['_TOOLDEFINITION']._serialized_start=158
+  _globals['_TOOLDEFINITION']._serialized_end=241
+  _globals['_GETHANDOFFREFERENCEREQUEST']._serialized_start=243
+  _globals['_GETHANDOFFREFERENCEREQUEST']._serialized_end=357
+  _globals['_GETHANDOFFREFERENCERESPONSE']._serialized_start=360
+  _globals['_GETHANDOFFREFERENCERESPONSE']._serialized_end=549
+  _globals['_EXECUTEHANDOFFREADREQUEST']._serialized_start=551
+  _globals['_EXECUTEHANDOFFREADREQUEST']._serialized_end=630
+  _globals['_HANDOFFREADENTRY']._serialized_start=632
+  _globals['_HANDOFFREADENTRY']._serialized_end=691
+  _globals['_EXECUTEHANDOFFREADRESPONSE']._serialized_start=694
+  _globals['_EXECUTEHANDOFFREADRESPONSE']._serialized_end=925
+  _globals['_HANDOFFREADIMAGE']._serialized_start=927
+  _globals['_HANDOFFREADIMAGE']._serialized_end=979
+  _globals['_HANDOFFREADSERVICE']._serialized_start=1081
+  _globals['_HANDOFFREADSERVICE']._serialized_end=1368
 # @@protoc_insertion_point(module_scope)

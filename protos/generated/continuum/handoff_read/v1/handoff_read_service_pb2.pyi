@@ -7,6 +7,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -18,6 +19,28 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _HandoffReadName:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _HandoffReadNameEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_HandoffReadName.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    HANDOFF_READ_NAME_UNSPECIFIED: _HandoffReadName.ValueType  # 0
+    HANDOFF_READ_NAME_TOOL: _HandoffReadName.ValueType  # 1
+    """The tool's name in a request's tools and a model's tool calls (allowed and denied tool lists
+    name it so too).
+    """
+
+class HandoffReadName(_HandoffReadName, metaclass=_HandoffReadNameEnumTypeWrapper):
+    """Names other components read by name, each the `wire_name` of its value (compare names, not numbers)."""
+
+HANDOFF_READ_NAME_UNSPECIFIED: HandoffReadName.ValueType  # 0
+HANDOFF_READ_NAME_TOOL: HandoffReadName.ValueType  # 1
+"""The tool's name in a request's tools and a model's tool calls (allowed and denied tool lists
+name it so too).
+"""
+Global___HandoffReadName: _TypeAlias = HandoffReadName  # noqa: Y015
+
 @_typing.final
 class ToolDefinition(_message.Message):
     """A tool as the runtime hands it to the model."""
@@ -28,7 +51,7 @@ class ToolDefinition(_message.Message):
     DESCRIPTION_FIELD_NUMBER: _builtins.int
     PARAMETERS_JSON_SCHEMA_FIELD_NUMBER: _builtins.int
     name: _builtins.str
-    """"HandoffRead"."""
+    """HANDOFF_READ_NAME_TOOL's wire name."""
     description: _builtins.str
     """Includes the program-written reading instructions."""
     parameters_json_schema: _builtins.str

@@ -22,18 +22,21 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from continuum.capability.v1 import capability_pb2 as continuum_dot_capability_dot_v1_dot_capability__pb2
 from continuum.merge.v1 import error_code_pb2 as continuum_dot_merge_dot_v1_dot_error__code__pb2
 from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"continuum/merge/v1/resources.proto\x12\x12\x63ontinuum.merge.v1\x1a#continuum/merge/v1/error_code.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"V\n\x11MergeUnitProgress\x12\x17\n\x0f\x63ompleted_units\x18\x01 \x01(\x05\x12\x13\n\x0bknown_units\x18\x02 \x01(\x05\x12\x13\n\x0btotal_final\x18\x03 \x01(\x08\"\xfb\x03\n\rMergeProgress\x12\x18\n\x10protocol_version\x18\x01 \x01(\x05\x12\x14\n\x0coperation_id\x18\x02 \x01(\t\x12\x19\n\x11target_session_id\x18\x03 \x01(\t\x12/\n\x06status\x18\x04 \x01(\x0e\x32\x1f.continuum.merge.v1.MergeStatus\x12-\n\x05stage\x18\x05 \x01(\x0e\x32\x1e.continuum.merge.v1.MergeStage\x12\x11\n\trun_epoch\x18\x06 \x01(\x03\x12\x17\n\x0fsnapshot_sealed\x18\x07 \x01(\x08\x12!\n\x19locked_source_session_ids\x18\x08 \x03(\t\x12\x37\n\x08progress\x18\t \x01(\x0b\x32%.continuum.merge.v1.MergeUnitProgress\x12.\n\nretry_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x36\n\nerror_code\x18\x0b \x01(\x0e\x32\".continuum.merge.v1.MergeErrorCode\x12\r\n\x05\x65rror\x18\x0c \x01(\t\x12\x12\n\ncan_resume\x18\r \x01(\x08\x12\x12\n\ncan_cancel\x18\x0e \x01(\x08\x12\x18\n\x10target_available\x18\x0f \x01(\x08\"g\n\x0fMergeParameters\x12\x1a\n\x12source_session_ids\x18\x01 \x03(\t\x12\x1a\n\x12primary_session_id\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\"\x97\x02\n\x0eMergeOperation\x12\x39\n\x08progress\x18\x01 \x01(\x0b\x32!.continuum.merge.v1.MergeProgressB\x04\xe2\x41\x01\x03\x12=\n\nparameters\x18\x02 \x01(\x0b\x32#.continuum.merge.v1.MergeParametersB\x04\xe2\x41\x01\x03\x12\x1d\n\x0fidempotency_key\x18\x03 \x01(\tB\x04\xe2\x41\x01\x03\x12\x35\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x35\n\x0bupdate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03*\xb1\x01\n\x0bMergeStatus\x12\x1c\n\x18MERGE_STATUS_UNSPECIFIED\x10\x00\x12\x1a\n\x16MERGE_STATUS_PREPARING\x10\x01\x12\x17\n\x13MERGE_STATUS_PAUSED\x10\x02\x12\x17\n\x13MERGE_STATUS_FAILED\x10\x03\x12\x1a\n\x16MERGE_STATUS_COMPLETED\x10\x04\x12\x1a\n\x16MERGE_STATUS_CANCELLED\x10\x05*\xd3\x01\n\nMergeStage\x12\x1b\n\x17MERGE_STAGE_UNSPECIFIED\x10\x00\x12\x1c\n\x18MERGE_STAGE_SNAPSHOTTING\x10\x01\x12\x1a\n\x16MERGE_STAGE_EXTRACTING\x10\x02\x12\x1b\n\x17MERGE_STAGE_AGGREGATING\x10\x03\x12\x1a\n\x16MERGE_STAGE_VALIDATING\x10\x04\x12\x1a\n\x16MERGE_STAGE_PUBLISHING\x10\x05\x12\x19\n\x15MERGE_STAGE_COMPLETED\x10\x06\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"continuum/merge/v1/resources.proto\x12\x12\x63ontinuum.merge.v1\x1a(continuum/capability/v1/capability.proto\x1a#continuum/merge/v1/error_code.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"V\n\x11MergeUnitProgress\x12\x17\n\x0f\x63ompleted_units\x18\x01 \x01(\x05\x12\x13\n\x0bknown_units\x18\x02 \x01(\x05\x12\x13\n\x0btotal_final\x18\x03 \x01(\x08\"\xfb\x03\n\rMergeProgress\x12\x18\n\x10protocol_version\x18\x01 \x01(\x05\x12\x14\n\x0coperation_id\x18\x02 \x01(\t\x12\x19\n\x11target_session_id\x18\x03 \x01(\t\x12/\n\x06status\x18\x04 \x01(\x0e\x32\x1f.continuum.merge.v1.MergeStatus\x12-\n\x05stage\x18\x05 \x01(\x0e\x32\x1e.continuum.merge.v1.MergeStage\x12\x11\n\trun_epoch\x18\x06 \x01(\x03\x12\x17\n\x0fsnapshot_sealed\x18\x07 \x01(\x08\x12!\n\x19locked_source_session_ids\x18\x08 \x03(\t\x12\x37\n\x08progress\x18\t \x01(\x0b\x32%.continuum.merge.v1.MergeUnitProgress\x12.\n\nretry_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x36\n\nerror_code\x18\x0b \x01(\x0e\x32\".continuum.merge.v1.MergeErrorCode\x12\r\n\x05\x65rror\x18\x0c \x01(\t\x12\x12\n\ncan_resume\x18\r \x01(\x08\x12\x12\n\ncan_cancel\x18\x0e \x01(\x08\x12\x18\n\x10target_available\x18\x0f \x01(\x08\"g\n\x0fMergeParameters\x12\x1a\n\x12source_session_ids\x18\x01 \x03(\t\x12\x1a\n\x12primary_session_id\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\"\x97\x02\n\x0eMergeOperation\x12\x39\n\x08progress\x18\x01 \x01(\x0b\x32!.continuum.merge.v1.MergeProgressB\x04\xe2\x41\x01\x03\x12=\n\nparameters\x18\x02 \x01(\x0b\x32#.continuum.merge.v1.MergeParametersB\x04\xe2\x41\x01\x03\x12\x1d\n\x0fidempotency_key\x18\x03 \x01(\tB\x04\xe2\x41\x01\x03\x12\x35\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x35\n\x0bupdate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03*k\n\tMergeName\x12\x1a\n\x16MERGE_NAME_UNSPECIFIED\x10\x00\x12\x42\n!MERGE_NAME_OPERATION_METADATA_KEY\x10\x01\x1a\x1b\xa2\xbb\x18\x17sessionMergeOperationId*\xb1\x01\n\x0bMergeStatus\x12\x1c\n\x18MERGE_STATUS_UNSPECIFIED\x10\x00\x12\x1a\n\x16MERGE_STATUS_PREPARING\x10\x01\x12\x17\n\x13MERGE_STATUS_PAUSED\x10\x02\x12\x17\n\x13MERGE_STATUS_FAILED\x10\x03\x12\x1a\n\x16MERGE_STATUS_COMPLETED\x10\x04\x12\x1a\n\x16MERGE_STATUS_CANCELLED\x10\x05*\xd3\x01\n\nMergeStage\x12\x1b\n\x17MERGE_STAGE_UNSPECIFIED\x10\x00\x12\x1c\n\x18MERGE_STAGE_SNAPSHOTTING\x10\x01\x12\x1a\n\x16MERGE_STAGE_EXTRACTING\x10\x02\x12\x1b\n\x17MERGE_STAGE_AGGREGATING\x10\x03\x12\x1a\n\x16MERGE_STAGE_VALIDATING\x10\x04\x12\x1a\n\x16MERGE_STAGE_PUBLISHING\x10\x05\x12\x19\n\x15MERGE_STAGE_COMPLETED\x10\x06\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'continuum.merge.v1.resources_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_MERGENAME'].values_by_name["MERGE_NAME_OPERATION_METADATA_KEY"]._loaded_options = None
+  _globals['_MERGENAME'].values_by_name["MERGE_NAME_OPERATION_METADATA_KEY"]._serialized_options = b'\242\273\030\027sessionMergeOperationId'
   _globals['_MERGEOPERATION'].fields_by_name['progress']._loaded_options = None
   _globals['_MERGEOPERATION'].fields_by_name['progress']._serialized_options = b'\342A\001\003'
   _globals['_MERGEOPERATION'].fields_by_name['parameters']._loaded_options = None
@@ -44,16 +47,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MERGEOPERATION'].fields_by_name['create_time']._serialized_options = b'\342A\001\003'
   _globals['_MERGEOPERATION'].fields_by_name['update_time']._loaded_options = None
   _globals['_MERGEOPERATION'].fields_by_name['update_time']._serialized_options = b'\342A\001\003'
-  _globals['_MERGESTATUS']._serialized_start=1147
-  _globals['_MERGESTATUS']._serialized_end=1324
-  _globals['_MERGESTAGE']._serialized_start=1327
-  _globals['_MERGESTAGE']._serialized_end=1538
-  _globals['_MERGEUNITPROGRESS']._serialized_start=161
-  _globals['_MERGEUNITPROGRESS']._serialized_end=247
-  _globals['_MERGEPROGRESS']._serialized_start=250
-  _globals['_MERGEPROGRESS']._serialized_end=757
-  _globals['_MERGEPARAMETERS']._serialized_start=759
-  _globals['_MERGEPARAMETERS']._serialized_end=862
-  _globals['_MERGEOPERATION']._serialized_start=865
-  _globals['_MERGEOPERATION']._serialized_end=1144
+  _globals['_MERGENAME']._serialized_start=1188
+  _globals['_MERGENAME']._serialized_end=1295
+  _globals['_MERGESTATUS']._serialized_start=1298
+  _globals['_MERGESTATUS']._serialized_end=1475
+  _globals['_MERGESTAGE']._serialized_start=1478
+  _globals['_MERGESTAGE']._serialized_end=1689
+  _globals['_MERGEUNITPROGRESS']._serialized_start=203
+  _globals['_MERGEUNITPROGRESS']._serialized_end=289
+  _globals['_MERGEPROGRESS']._serialized_start=292
+  _globals['_MERGEPROGRESS']._serialized_end=799
+  _globals['_MERGEPARAMETERS']._serialized_start=801
+  _globals['_MERGEPARAMETERS']._serialized_end=904
+  _globals['_MERGEOPERATION']._serialized_start=907
+  _globals['_MERGEOPERATION']._serialized_end=1186
 # @@protoc_insertion_point(module_scope)

@@ -21,6 +21,28 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _MergeName:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _MergeNameEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MergeName.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    MERGE_NAME_UNSPECIFIED: _MergeName.ValueType  # 0
+    MERGE_NAME_OPERATION_METADATA_KEY: _MergeName.ValueType  # 1
+    """The key of a merge target's session metadata whose value is its merge operation id: the mark that
+    makes compaction ask handoff-read for the reference entry and the HandoffRead tool.
+    """
+
+class MergeName(_MergeName, metaclass=_MergeNameEnumTypeWrapper):
+    """Names other components read by name, each the `wire_name` of its value (compare names, not numbers)."""
+
+MERGE_NAME_UNSPECIFIED: MergeName.ValueType  # 0
+MERGE_NAME_OPERATION_METADATA_KEY: MergeName.ValueType  # 1
+"""The key of a merge target's session metadata whose value is its merge operation id: the mark that
+makes compaction ask handoff-read for the reference entry and the HandoffRead tool.
+"""
+Global___MergeName: _TypeAlias = MergeName  # noqa: Y015
+
 class _MergeStatus:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
