@@ -148,13 +148,13 @@ def _left_over(operation: Operation, present: bool) -> bool:
 
 
 async def sweep_cancelled(database: Database, transcript: TranscriptClient, package_root: Path, clock: Clock) -> int:
-    """Finish the cleanup of every cancelled operation whose writer stopped and that still holds
-    something; how many were cleaned."""
+    """Finish the cleanup of every cancelled operation not cleaned yet whose writer stopped; how many held
+    something. Each is marked cleaned, so a sweep reads only what was cancelled since the last one."""
     cleaned = 0
     after = ""
     while True:
         async with database.connection() as connection:
-            page = await store.cancelled_with_free_lease(connection, after, SWEEP_PAGE)
+            page = await store.cancelled_uncleaned(connection, after, clock.now_ms(), SWEEP_PAGE)
         if not page:
             return cleaned
         for operation in page:
@@ -162,6 +162,9 @@ async def sweep_cancelled(database: Database, transcript: TranscriptClient, pack
             if _left_over(operation, await asyncio.to_thread(package.exists)):
                 await cleanup_cancelled(transcript, database, clock, operation, package)
                 cleaned += 1
+            else:
+                async with database.transaction() as connection:
+                    await store.mark_cleaned(connection, operation.operation_id, clock.now_ms())
         after = page[-1].operation_id
 
 

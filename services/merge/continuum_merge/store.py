@@ -127,6 +127,7 @@ class Operation:
     lease_expire_ms: int | None
     create_ms: int
     update_ms: int
+    cleaned_ms: int | None
 
     @property
     def parameters(self) -> Parameters:
@@ -743,16 +744,34 @@ async def redo_unit(connection: AsyncConnection, fence: Fence, unit_id: str, now
     return (await connection.execute(statement)).rowcount == 1
 
 
-async def cancelled_with_free_lease(connection: AsyncConnection, after: str, limit: int) -> list[Operation]:
-    """Cancelled operations no worker holds any more (their writers stopped), by id after `after`."""
+async def cancelled_uncleaned(connection: AsyncConnection, after: str, now_ms: int, limit: int) -> list[Operation]:
+    """Cancelled operations not cleaned yet whose writers stopped (no lease, or one that ran out by
+    `now_ms`: a writer killed mid-run), by id after `after`."""
     table = session_merges
     query = (
         select(table)
-        .where(table.c.status == "cancelled", table.c.lease_owner.is_(None), table.c.operation_id > after)
+        .where(
+            table.c.status == "cancelled",
+            table.c.cleaned_ms.is_(None),
+            or_(table.c.lease_owner.is_(None), table.c.lease_expire_ms <= now_ms),
+            table.c.operation_id > after,
+        )
         .order_by(table.c.operation_id)
         .limit(limit)
     )
     return [Operation(**row) for row in (await connection.execute(query)).mappings()]
+
+
+async def mark_cleaned(connection: AsyncConnection, operation_id: str, now_ms: int) -> None:
+    """A cancelled operation's leftovers are removed: no sweep looks at it again. Only a cancelled
+    operation's row changes, once (a later cleanup, by the CronJob's walk, finds it marked already)."""
+    table = session_merges
+    statement = (
+        update(table)
+        .where(table.c.operation_id == operation_id, table.c.status == "cancelled", table.c.cleaned_ms.is_(None))
+        .values(cleaned_ms=now_ms)
+    )
+    await connection.execute(statement)
 
 
 async def load_by_target(connection: AsyncConnection, target_session_id: str) -> Operation | None:

@@ -75,6 +75,9 @@ session_merges = Table(
     Column("lease_expire_ms", BigInteger, nullable=True),
     Column("create_ms", BigInteger, nullable=False),
     Column("update_ms", BigInteger, nullable=False),
+    # When what a cancelled operation left (claims, a target a beaten publish created, its directory)
+    # was removed; the sweeper looks only at cancelled operations without it.
+    Column("cleaned_ms", BigInteger, nullable=True),
     UniqueConstraint("owner", "idempotency_key", name="uq_session_merges_key"),
     CheckConstraint(_one_of("status", STATUSES), name="ck_session_merges_status"),
     CheckConstraint(_one_of("stage", STAGES), name="ck_session_merges_stage"),
@@ -99,6 +102,12 @@ session_merges = Table(
         sqlite_where=text("active_slot = 1"),
     ),
     Index("ix_session_merges_work", "status", "lease_expire_ms"),
+    Index(
+        "ix_session_merges_uncleaned",
+        "operation_id",
+        postgresql_where=text("status = 'cancelled' AND cleaned_ms IS NULL"),
+        sqlite_where=text("status = 'cancelled' AND cleaned_ms IS NULL"),
+    ),
 )
 
 session_merge_units = Table(

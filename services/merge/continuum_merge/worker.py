@@ -611,10 +611,12 @@ async def cleanup_cancelled(
 ) -> None:
     """What a cancelled operation leaves once its writer stopped: its claims released, a target created by
     a publish the cancel beat removed (it was never published: the operation never completed), and its
-    directory."""
+    directory; then the operation is marked cleaned."""
     await transcript.release_holder_claims(holder(operation.operation_id))
     async with database.transaction() as connection:
         await store.forget_claim(connection, operation.operation_id, clock.now_ms())
     if operation.stage == "publishing":
         await transcript.delete_session(operation.owner, operation.target_session_id)
     await asyncio.to_thread(shutil.rmtree, package, ignore_errors=True)
+    async with database.transaction() as connection:
+        await store.mark_cleaned(connection, operation.operation_id, clock.now_ms())

@@ -12,17 +12,22 @@ import uuid
 from pathlib import Path
 
 from deadline_testing import eventually
-from merge_testing import MergeStack, running_merge, running_merge_service
+from merge_testing import OWNER, MergeStack, running_merge, running_merge_service
+from sqlalchemy import update
 from stages_testing import FAST, Hold, merge_env, merged_sessions, two_sources
 from transcript_testing import running_transcript
 
 from continuum.merge.v1 import merge_service_pb2 as api
 from continuum.merge.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as tapi
-from continuum_merge.cleanup import remove_package_of_deleted_target
+from continuum_merge import store
+from continuum_merge.cleanup import remove_package_of_deleted_target, sweep_cancelled
 from continuum_merge.server import open_transcript
 from continuum_merge.snapshot import verify_snapshot
+from continuum_merge.store import Execution, Parameters
+from continuum_merge.tables import session_merges
 from continuum_merge.worker import UNIT_BEFORE_COMMIT
+from continuum_runtime.clock import SystemClock
 
 
 async def merged(stack: MergeStack, sources: list[str], key: str) -> pb.MergeOperation:
@@ -174,3 +179,57 @@ async def test_a_paused_operation_cancelled_loses_its_directory_without_a_run(
         await stack.stub.CancelMerge(api.CancelMergeRequest(operation_id=operation_id), metadata=stack.user())
         await eventually(lambda: not package.exists(), what="the cancelled operation's staging copy to go")
         await stack.run_claim("a")
+
+
+async def test_the_sweeper_cleans_each_cancelled_operation_once_including_one_whose_writer_died(
+    tmp_path: Path, database_url: str
+) -> None:
+    """A cancelled operation without a lease, one whose writer's lease ran out (killed mid-run) and one a
+    live writer still holds: the sweep cleans the first two (the one cancelled while publishing too) and
+    marks them, so the next sweep reads and cleans nothing; the live writer's is left to it."""
+    async with running_merge(tmp_path, database_url, overrides={**FAST, "cancel_sweep_seconds": 3600}) as stack:
+        clock = SystemClock()
+        root = stack.settings.resolved_package_root()
+        leases = {"op-free": (None, None), "op-dead": ("dead-replica", clock.now_ms() - 1), "op-live": ("live", 2**62)}
+        for operation_id, (owner, expire_ms) in leases.items():
+            async with stack.database.transaction() as connection:
+                parameters = Parameters(("a", "b"), "a", "", "")
+                execution = Execution("model", "title", "/work", "model")
+                assert await store.insert_operation(
+                    connection,
+                    operation_id=operation_id,
+                    owner=OWNER,
+                    idempotency_key=operation_id,
+                    parameters=parameters,
+                    target_session_id=f"target-{operation_id}",
+                    execution=execution,
+                    now_ms=clock.now_ms(),
+                )
+                await connection.execute(
+                    update(session_merges)
+                    .where(session_merges.c.operation_id == operation_id)
+                    .values(
+                        status="cancelled",
+                        stage="publishing" if operation_id == "op-free" else "extracting",
+                        active_slot=None,
+                        lease_owner=owner,
+                        lease_expire_ms=expire_ms,
+                    )
+                )
+            (root / operation_id / "work").mkdir(parents=True)
+        client = open_transcript(stack.settings)
+        try:
+            assert await sweep_cancelled(stack.database, client, root, clock) == 2
+            assert not (root / "op-free").exists()
+            assert not (root / "op-dead").exists()
+            assert (root / "op-live").exists()
+            assert await sweep_cancelled(stack.database, client, root, clock) == 0
+            async with stack.database.connection() as connection:
+                assert await store.cancelled_uncleaned(connection, "", clock.now_ms(), 10) == []
+                cleaned = {
+                    operation_id: (await store.load(connection, operation_id)).cleaned_ms  # type: ignore[union-attr]
+                    for operation_id in leases
+                }
+            assert cleaned["op-free"] and cleaned["op-dead"] and cleaned["op-live"] is None
+        finally:
+            await client.close()

@@ -74,7 +74,7 @@ async def test_migrating_concurrently_ends_at_the_tables_the_code_uses(database_
     assert list(await asyncio.gather(migrate(), migrate())) == [0, 0]
     database = Database(database_url, schema="merge")
     try:
-        assert await migrations.current_revision(database, MIGRATIONS_DIR) == "0002"
+        assert await migrations.current_revision(database, MIGRATIONS_DIR) == "0003"
 
         def differences(connection: Connection) -> list[object]:
             return list(compare_metadata(MigrationContext.configure(connection), metadata))
