@@ -3,7 +3,8 @@
 A coroutine cancelled between two database statements can leave a transaction open (on SQLite's one
 connection that locks the database) or half of its work done. `run_to_completion` protects a unary
 RPC whose client went away: the work goes on in its own task and its answer is dropped; the caller
-returns at once (gRPC does not wait for a cancelled handler).
+returns at once (gRPC does not wait for a cancelled handler). `finish_before_stopping` protects a
+background loop's short database step from the loop's own stop: the stop waits for the step.
 """
 
 from __future__ import annotations
@@ -27,6 +28,17 @@ async def run_to_completion(call: Awaitable[T], *, expected: tuple[type[BaseExce
         return await asyncio.shield(task)
     except asyncio.CancelledError:
         task.add_done_callback(lambda done: _log_dropped(done, expected))
+        raise
+
+
+async def finish_before_stopping(call: Awaitable[T]) -> T:
+    """Await `call` in its own task; when the caller is cancelled meanwhile, let `call` end first, then
+    stop (for short database steps of a loop that is stopped by cancelling it)."""
+    task = asyncio.ensure_future(call)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task])
         raise
 
 

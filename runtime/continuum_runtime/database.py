@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator
@@ -13,6 +14,9 @@ from sqlalchemy import Table, event, make_url
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.util import greenlet_spawn
+
+# How long `dispose` waits for connections still in use.
+DISPOSE_WAIT_SECONDS = 5.0
 
 
 def is_sqlite(url: str) -> bool:
@@ -39,17 +43,33 @@ class Database:
         self.schema = schema
         self.sqlite = is_sqlite(url)
         self.engine: AsyncEngine = _create_engine(url, schema=schema, pool_size=pool_size)
+        # Connections handed out and not yet back: `dispose` waits for them (a step finishing after
+        # its caller was cancelled, a stream's last read), or they would be closed by the collector.
+        self._in_use = 0
+        self._all_back = asyncio.Event()
+        self._all_back.set()
+
+    @asynccontextmanager
+    async def _lent(self) -> AsyncIterator[None]:
+        self._in_use += 1
+        self._all_back.clear()
+        try:
+            yield
+        finally:
+            self._in_use -= 1
+            if not self._in_use:
+                self._all_back.set()
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncConnection]:
         """A connection inside a transaction that commits on success and rolls back on error."""
-        async with self.engine.begin() as connection:
+        async with self._lent(), self.engine.begin() as connection:
             yield connection
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection]:
         """A connection for reads; each statement runs in its own short transaction."""
-        async with self.engine.connect() as connection:
+        async with self._lent(), self.engine.connect() as connection:
             yield connection
 
     @asynccontextmanager
@@ -58,18 +78,21 @@ class Database:
         SQLAlchemy. Cheaper than `connection()` (no Connection objects around it: ~40 us against
         ~110 us of CPU per use); one that failed is discarded, never handed out again, because
         straight driver calls bypass the pool's disconnect detection."""
-        pooled = await self.engine.raw_connection()
-        try:
-            yield pooled.driver_connection
-        except Exception:
-            await greenlet_spawn(pooled.invalidate)
-            raise
-        finally:
-            # Returning it may roll back through the driver: that must run inside SQLAlchemy's greenlet.
-            await greenlet_spawn(pooled.close)
+        async with self._lent():
+            pooled = await self.engine.raw_connection()
+            try:
+                yield pooled.driver_connection
+            except Exception:
+                await greenlet_spawn(pooled.invalidate)
+                raise
+            finally:
+                # Returning it may roll back through the driver: that must run inside SQLAlchemy's greenlet.
+                await greenlet_spawn(pooled.close)
 
-    async def dispose(self) -> None:
-        """Close every pooled connection."""
+    async def dispose(self, wait_seconds: float = DISPOSE_WAIT_SECONDS) -> None:
+        """Close every pooled connection, once those in use are back (waiting at most `wait_seconds`)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._all_back.wait(), wait_seconds)
         await self.engine.dispose()
 
 

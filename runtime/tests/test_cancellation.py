@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from continuum_runtime.cancellation import run_to_completion
+from continuum_runtime.cancellation import finish_before_stopping, run_to_completion
 
 
 async def test_a_cancelled_caller_returns_at_once_and_the_work_still_completes() -> None:
@@ -23,3 +23,26 @@ async def test_a_cancelled_caller_returns_at_once_and_the_work_still_completes()
         await caller
     assert not done.is_set()
     await asyncio.wait_for(done.wait(), 5)
+
+
+async def test_a_stopped_loop_waits_for_its_step_to_finish_then_stops() -> None:
+    release = asyncio.Event()
+    steps: list[str] = []
+
+    async def step() -> int:
+        steps.append("begun")
+        await release.wait()
+        steps.append("finished")
+        return 1
+
+    loop = asyncio.create_task(finish_before_stopping(step()))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    loop.cancel()
+    await asyncio.sleep(0.01)
+    # The stop is asked for; the step is not cut: the loop is still waiting for it.
+    assert not loop.done() and steps == ["begun"]
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(loop, 5)
+    assert steps == ["begun", "finished"]

@@ -1,9 +1,14 @@
-"""The process's database handle: the driver's own connections handed out by the pool."""
+"""The process's database handle: the driver's own connections handed out by the pool, and a dispose
+that waits for connections still in use."""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
 import asyncpg
 import pytest
+from sqlalchemy import text
 
 from continuum_runtime.database import Database
 
@@ -27,3 +32,48 @@ async def test_a_driver_connection_that_failed_is_never_handed_out_again(postgre
             assert await driver.fetchval("SELECT pg_backend_pid()") != first
     finally:
         await database.dispose()
+
+
+async def test_dispose_waits_for_a_connection_still_in_use(tmp_path: Path) -> None:
+    """A step that finishes after its caller was cancelled still holds a connection when the process
+    stops: dispose waits for it (closed by the pool, not left to the garbage collector)."""
+    database = Database(f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}", schema="main")
+    release = asyncio.Event()
+    order: list[str] = []
+
+    async def step() -> None:
+        async with database.transaction() as connection:
+            await connection.execute(text("SELECT 1"))
+            await release.wait()
+        order.append("step returned its connection")
+
+    holder = asyncio.create_task(step())
+    await asyncio.sleep(0.05)
+    disposing = asyncio.create_task(database.dispose())
+    await asyncio.sleep(0.05)
+    assert not disposing.done()
+    release.set()
+    await asyncio.wait_for(disposing, 5)
+    order.append("disposed")
+    await holder
+    assert order == ["step returned its connection", "disposed"]
+
+
+async def test_dispose_gives_up_waiting_after_its_bound(tmp_path: Path) -> None:
+    database = Database(f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}", schema="main")
+    release = asyncio.Event()
+
+    async def step() -> None:
+        async with database.connection() as connection:
+            await connection.execute(text("SELECT 1"))
+            await release.wait()
+            # Outliving the dispose, this holder closes its connection itself (the test's, not the pool's).
+            await connection.invalidate()
+
+    holder = asyncio.create_task(step())
+    await asyncio.sleep(0.05)
+    # Not returned within the bound: dispose goes on without it.
+    await asyncio.wait_for(database.dispose(wait_seconds=0.1), 5)
+    assert not holder.done()
+    release.set()
+    await holder

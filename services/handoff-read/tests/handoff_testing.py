@@ -26,15 +26,12 @@ from continuum_runtime.auth import call_metadata
 from continuum_runtime.channels import open_channel
 from continuum_runtime.server import GrpcService
 
-# The merge worker's timings, fast enough for a test. Merge's session-events consumer is off: these tests
-# delete targets and stop the stack at once, and a consumer stopped while it saves its cursor on SQLite
-# leaves that connection to the garbage collector (a ResourceWarning in a later test), as merge's own
-# API fixture notes; handoff-read never depends on the package removal it does.
+# The merge worker's timings, fast enough for a test. Merge's session-events consumer runs: these tests
+# delete targets and stop the stack at once, which stops it mid-event (it finishes its database step).
 FAST = {
     "worker_poll_seconds": 0.1,
     "lease_renew_seconds": 0.5,
     "lease_ttl_seconds": 5.0,
-    "consume_session_events": False,
 }
 
 

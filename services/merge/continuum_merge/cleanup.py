@@ -27,6 +27,7 @@ from continuum_merge import store
 from continuum_merge.store import Operation
 from continuum_merge.transcript_client import TranscriptClient
 from continuum_merge.worker import cleanup_cancelled
+from continuum_runtime.cancellation import finish_before_stopping
 from continuum_runtime.clock import Clock
 from continuum_runtime.database import Database
 
@@ -42,8 +43,7 @@ async def remove_package_of_deleted_target(
 ) -> bool:
     """If `session_id` is a completed merge's target and transcript confirms it is gone, remove that
     merge's package; True when one was removed."""
-    async with database.connection() as connection:
-        operation = await store.load_by_target(connection, session_id)
+    operation = await finish_before_stopping(_operation_of_target(database, session_id))
     if operation is None or operation.status != "completed":
         return False
     if await transcript.find_session(operation.owner, session_id) is not None:
@@ -54,6 +54,11 @@ async def remove_package_of_deleted_target(
     await asyncio.to_thread(shutil.rmtree, package)
     logger.info("removed a deleted target's package", extra={"operation_id": operation.operation_id})
     return True
+
+
+async def _operation_of_target(database: Database, session_id: str) -> Operation | None:
+    async with database.connection() as connection:
+        return await store.load_by_target(connection, session_id)
 
 
 class SessionEventsConsumer:
@@ -82,8 +87,7 @@ class SessionEventsConsumer:
             await self._clock.sleep(self._retry_seconds)
 
     async def _consume(self) -> None:
-        async with self._database.connection() as connection:
-            cursor = await store.load_cursor(connection, CONSUMER)
+        cursor = await finish_before_stopping(self._load_cursor())
         stream = self._transcript.stub.WatchSessionEvents(
             api.WatchSessionEventsRequest(after_event_id=cursor), metadata=self._transcript.metadata(None)
         )
@@ -95,8 +99,16 @@ class SessionEventsConsumer:
                         self._database, self._transcript, self._package_root, session_id
                     )
             # Removing first, then the cursor: a replayed event finds nothing left to remove.
-            async with self._database.transaction() as connection:
-                await store.save_cursor(connection, CONSUMER, event.event_id, self._clock.now_ms())
+            await finish_before_stopping(self._save_cursor(event.event_id))
+
+    # The database steps finish before a stop: cut between two statements, a SQLite connection leaks.
+    async def _load_cursor(self) -> int:
+        async with self._database.connection() as connection:
+            return await store.load_cursor(connection, CONSUMER)
+
+    async def _save_cursor(self, event_id: int) -> None:
+        async with self._database.transaction() as connection:
+            await store.save_cursor(connection, CONSUMER, event_id, self._clock.now_ms())
 
 
 @dataclass(frozen=True)

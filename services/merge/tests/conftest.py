@@ -12,8 +12,7 @@ from merge_testing import MergeStack, running_merge
 @pytest.fixture
 async def stack(tmp_path: Path, database_url: str) -> AsyncIterator[MergeStack]:
     """Both services; the worker is off, so operations stay where the API put them. The session-events
-    consumer is off too: these servers live for a call or two, and a consumer cancelled while it opens
-    its first SQLite connection leaves that connection to the garbage collector (a ResourceWarning)."""
-    overrides = {"worker_enabled": False, "consume_session_events": False}
+    consumer runs: these servers live for a call or two, so it is often stopped at its first step."""
+    overrides = {"worker_enabled": False}
     async with running_merge(tmp_path, database_url, overrides=overrides) as started:
         yield started

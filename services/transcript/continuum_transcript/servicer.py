@@ -10,12 +10,14 @@ from typing import Any, TypeAlias
 
 import grpc
 from pydantic import Field
+from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
 from continuum_runtime.auth import ACTING_USER_KEY, acting_user
+from continuum_runtime.cancellation import finish_before_stopping
 from continuum_runtime.clock import Clock
 from continuum_runtime.database import Database
 from continuum_runtime.paging import Cursor, PageTokens, page_size
@@ -451,14 +453,18 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
             token = self._events_pages.issue(EventsCursor(after_event_id=page[-1].event_id), parameters)
         return api.ListSessionEventsResponse(events=page, next_page_token=token)
 
+    async def _events_after(self, cursor: int, owner: str | None) -> list[RowMapping]:
+        async with self._db.connection() as connection:
+            return await events.list_after(connection, cursor, 500, owner)
+
     async def WatchSessionEvents(
         self, request: api.WatchSessionEventsRequest, context: Context
     ) -> AsyncIterator[api.WatchSessionEventsResponse]:
         owner = _optional_user(context)
         cursor = validation.non_negative(request.after_event_id, "after_event_id")
         while True:
-            async with self._db.connection() as connection:
-                rows = await events.list_after(connection, cursor, 500, owner)
+            # A watcher leaving (or the server stopping) waits for this read: cut, its SQLite connection leaks.
+            rows = await finish_before_stopping(self._events_after(cursor, owner))
             for row in rows:
                 cursor = row["event_id"]
                 yield api.WatchSessionEventsResponse(event=convert.event(row))
