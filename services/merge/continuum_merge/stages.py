@@ -68,13 +68,19 @@ from continuum_runtime.provider import (
 # Recorded with every unit: results of another processor are never reused for this one's units.
 # 2: slices are byte ranges with their own sha256 (1: code point ranges).
 PROCESSOR_VERSION = "merge-extract-2"
-STAGE = "extracting"
 # Planned units handed to the worker at once (each becomes a row of a few hundred bytes).
 PLAN_BATCH_UNITS = 256
 
 
 def _sealed(snapshot: SealedSnapshot) -> Sealed:
     return Sealed(snapshot.version, snapshot.snapshot_hash, snapshot.blocking_record_refs)
+
+
+def _new_unit(spec: UnitSpec, model: str) -> NewUnit:
+    """A planned or split unit as the row to insert."""
+    return NewUnit(
+        spec.unit_id, spec.stage, spec.ordinal, spec.input_hash, spec.input_json(), spec.processor_version, model
+    )
 
 
 def _damaged(what: str) -> StageStop:
@@ -225,10 +231,7 @@ class MergeStages:
         (the manifests are read in a thread, one batch's worth at a time)."""
         specs = plan_units(package_dir, processor_version=PROCESSOR_VERSION, budget=self._budget)
         while batch := await asyncio.to_thread(_next_batch, specs):
-            yield [
-                NewUnit(spec.unit_id, STAGE, spec.ordinal, spec.input_hash, spec.input_json(), PROCESSOR_VERSION, model)
-                for spec in batch
-            ]
+            yield [_new_unit(spec, model) for spec in batch]
 
     async def run_unit(self, package_dir: Path, unit: Unit, model: str) -> UnitDone:
         """Run one stored unit against the sealed snapshot it was planned over.
@@ -274,12 +277,7 @@ class MergeStages:
             return model_stop(unreadable)
         if halves is None:
             return model_stop(error)
-        return SplitNeeded(
-            [
-                NewUnit(half.unit_id, STAGE, half.ordinal, half.input_hash, half.input_json(), PROCESSOR_VERSION, model)
-                for half in halves
-            ]
-        )
+        return SplitNeeded([_new_unit(half, model) for half in halves])
 
     async def aggregate(self, package_dir: Path, results: AsyncIterable[Path], model: str) -> str:
         """Build the handoff from the units' results (in plan order); the hash of its ready.json."""

@@ -31,6 +31,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from continuum_merge import store
 from continuum_merge.admission import TreeChanged, claim_sources, cut_json, holder, parse_cut, read_cut
 from continuum_merge.errors import MergeError, SourceBusy, TranscriptRefused, TranscriptUnavailable
+from continuum_merge.extraction.plan import UNIT_STAGE
 from continuum_merge.pipeline import Pipeline, Sealed, SplitNeeded, StageStop
 from continuum_merge.settings import MergeSettings
 from continuum_merge.store import Fence, Operation
@@ -50,8 +51,6 @@ PUBLISH_BEFORE_TARGET = "publish_before_target"
 PUBLISH_AFTER_TARGET = "publish_after_target"
 PUBLISH_BEFORE_COMPLETE = "publish_before_complete"
 PUBLISH_AFTER_COMPLETE = "publish_after_complete"
-# The stage of extraction units (their rows' `stage`).
-STAGE = "extracting"
 # What the target's one program-written entry message says; the handoff itself stays in the package.
 ENTRY_TEXT = (
     "This session continues the work of {count} merged sessions ({sources}). Their history is kept "
@@ -438,7 +437,7 @@ class OperationRun:
         while True:
             async with self._db.connection() as connection:
                 page = await store.list_units(
-                    connection, operation.operation_id, STAGE, after=after, limit=self._settings.unit_page_size
+                    connection, operation.operation_id, UNIT_STAGE, after=after, limit=self._settings.unit_page_size
                 )
             if not page:
                 return
@@ -470,7 +469,7 @@ class OperationRun:
                 page = await store.list_units(
                     connection,
                     operation_id,
-                    STAGE,
+                    UNIT_STAGE,
                     after=after,
                     limit=self._settings.unit_page_size,
                     state="completed",

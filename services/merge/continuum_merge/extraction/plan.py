@@ -49,7 +49,8 @@ __all__ = [
 
 # The records.jsonl processing policy of material sent to a model (others are archived only).
 EXTRACT_POLICY = "extract"
-STAGE = "extracting"
+# The stage of extraction units (their rows' `stage`).
+UNIT_STAGE = "extracting"
 # The shrink floor of issue 10: a unit's material budget is never planned below this.
 MIN_MATERIAL_TOKENS = 256
 
@@ -482,7 +483,7 @@ def _unit(
     identity = json.dumps(
         [
             snapshot_hash,
-            STAGE,
+            UNIT_STAGE,
             processor_version,
             input_hash,
             len(context),
@@ -492,7 +493,7 @@ def _unit(
     )
     return UnitSpec(
         unit_id=unit_id or "x_" + hashlib.sha256(identity.encode()).hexdigest(),
-        stage=STAGE,
+        stage=UNIT_STAGE,
         ordinal=ordinal,
         snapshot_hash=snapshot_hash,
         processor_version=processor_version,
