@@ -34,7 +34,7 @@ from continuum_runtime.database import Database
 logger = logging.getLogger("continuum.merge")
 
 CONSUMER = "merge.session-events"
-# Cancelled operations read per query while sweeping.
+# Operations read per query while sweeping or reconciling.
 SWEEP_PAGE = 200
 
 
@@ -49,7 +49,7 @@ async def remove_package_of_deleted_target(
     if await transcript.find_session(operation.owner, session_id) is not None:
         return False
     package = package_root / operation.operation_id
-    if not package.exists():
+    if not await asyncio.to_thread(package.exists):
         return False
     await asyncio.to_thread(shutil.rmtree, package)
     logger.info("removed a deleted target's package", extra={"operation_id": operation.operation_id})
@@ -124,13 +124,12 @@ async def reconcile(database: Database, transcript: TranscriptClient, package_ro
     once no live lease says a writer may still use it, and a completed one's once its target is gone."""
     names = sorted(path.name for path in await asyncio.to_thread(_directories, package_root))
     removed = 0
-    for name in names:
+    for start in range(0, len(names), SWEEP_PAGE):
         async with database.connection() as connection:
-            operation = await store.load(connection, name)
-        if operation is None:
-            continue
-        if await _remove(database, transcript, package_root, operation, clock):
-            removed += 1
+            operations = await store.load_many(connection, names[start : start + SWEEP_PAGE])
+        for operation in operations:
+            if await _remove(database, transcript, package_root, operation, clock):
+                removed += 1
     return Reconciled(len(names), removed)
 
 

@@ -215,6 +215,16 @@ async def load(connection: AsyncConnection, operation_id: str) -> Operation | No
     return _operation((await connection.execute(query)).mappings().first())
 
 
+async def load_many(connection: AsyncConnection, operation_ids: Sequence[str]) -> list[Operation]:
+    """The operations among `operation_ids` (of any user; ids that name none are left out), by id."""
+    query = (
+        select(session_merges)
+        .where(session_merges.c.operation_id.in_(operation_ids))
+        .order_by(session_merges.c.operation_id)
+    )
+    return [Operation(**row) for row in (await connection.execute(query)).mappings()]
+
+
 async def load_by_key(connection: AsyncConnection, owner: str, idempotency_key: str) -> Operation | None:
     """The operation a user started with this idempotency key."""
     query = select(session_merges).where(

@@ -172,3 +172,12 @@ async def test_the_unit_commit_protocol(database: Database) -> None:
     with pytest.raises(IntegrityError):
         async with database.transaction() as connection:
             await connection.execute(text("UPDATE session_merge_units SET result_path = NULL"))
+
+
+async def test_load_many_answers_the_operations_among_the_ids_in_id_order(database: Database) -> None:
+    for number in (3, 1, 2):
+        await admitted(database, owner=f"user{number}", operation_id=f"op{number}")
+    async with database.connection() as connection:
+        found = await store.load_many(connection, ["op2", "stray-directory", "op3", "op1"])
+        assert [operation.operation_id for operation in found] == ["op1", "op2", "op3"]
+        assert await store.load_many(connection, ["nothing-here"]) == []
