@@ -94,13 +94,16 @@ class AgentStack:
         )
         return list(response.messages)
 
-    async def try_claim(self, session_id: str, holder: str = "probe", ttl_seconds: int = 5) -> str | None:
-        """Take the session's RUN claim if it is free (its id), None when someone holds it."""
+    async def try_claim(
+        self, session_id: str, holder: str = "probe", ttl_seconds: int = 5, kind: int = tpb.CLAIM_KIND_RUN
+    ) -> str | None:
+        """Take a claim of `kind` (RUN unless given) on the session if it is free (its id), None when
+        someone holds it."""
         try:
             response = await self.services.transcript.stub.AcquireClaims(
                 tapi.AcquireClaimsRequest(
                     session_ids=[session_id],
-                    kind=tpb.CLAIM_KIND_RUN,
+                    kind=kind,  # type: ignore[arg-type]
                     holder=holder,
                     ttl=duration_pb2.Duration(seconds=ttl_seconds),
                 ),

@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from agent_testing import AgentStack, running_agent
 from compaction_testing import OWNER
 
@@ -170,6 +171,35 @@ async def test_a_stop_leaves_the_state_of_a_turn_that_holds_the_session_alone(ag
     try:
         snapshot = await watcher.until(lambda f: f.WhichOneof("frame") == "snapshot_runtime")
         assert snapshot.snapshot_runtime.runtime_state.state == RUNNING
+    finally:
+        watcher.close()
+        await agent.release(claim_id)
+
+
+@pytest.mark.parametrize("kind", [tpb.CLAIM_KIND_MERGE, tpb.CLAIM_KIND_COMPACTION], ids=["merge", "compaction"])
+async def test_a_stop_while_a_merge_or_compaction_holds_the_session_still_publishes_idle(
+    agent: AgentStack, kind: int
+) -> None:
+    """No turn can run while a merge or compaction holds the session, so the RUNNING a killed agent left is
+    stale: a stop publishes IDLE without a claim of its own (it cannot take one) and takes nothing."""
+    await agent.new_session("s1")
+    stale = fpb.RuntimeState(state=RUNNING, run_id="run-killed")
+    await agent.services.transcript.stub.PublishBatch(
+        tapi.PublishBatchRequest(session_id="s1", operations=[tapi.BatchOperation(runtime_state=stale)]),
+        metadata=agent.user(OWNER),
+    )
+    claim_id = await agent.try_claim("s1", holder="op-holding", ttl_seconds=30, kind=kind)
+    assert claim_id is not None
+    watcher = Watcher(agent, "s1")
+    try:
+        assert _state(await watcher.state(RUNNING)).run_id == "run-killed"
+
+        assert not await agent.stop_turn("s1")
+
+        idle = await watcher.state(IDLE)
+        assert dict(idle.batch.runtime_state.details) == {"outcome": "stopped"}
+        # The merge's or compaction's claim is untouched: a RUN claim still cannot be taken.
+        assert await agent.try_claim("s1") is None
     finally:
         watcher.close()
         await agent.release(claim_id)
