@@ -55,6 +55,15 @@ class Watcher:
         self.call.cancel()
 
 
+async def left_running(agent: AgentStack, session_id: str) -> None:
+    """What an agent killed mid-turn leaves: RUNNING of run "run-killed" (its claim lapsed)."""
+    stale = fpb.RuntimeState(state=RUNNING, run_id="run-killed")
+    await agent.services.transcript.stub.PublishBatch(
+        tapi.PublishBatchRequest(session_id=session_id, operations=[tapi.BatchOperation(runtime_state=stale)]),
+        metadata=agent.user(OWNER),
+    )
+
+
 def _state(frame: tapi.FollowResponse) -> fpb.RuntimeState:
     return frame.batch.runtime_state if frame.WhichOneof("frame") == "batch" else frame.snapshot_runtime.runtime_state
 
@@ -136,12 +145,7 @@ async def test_a_failed_turn_ends_idle_saying_so(tmp_path: Path, database_url: s
 
 async def test_a_stop_with_no_turn_running_clears_a_running_state_a_killed_agent_left(agent: AgentStack) -> None:
     await agent.new_session("s1")
-    # What an agent killed mid-turn leaves: RUNNING, and a claim that lapsed.
-    stale = fpb.RuntimeState(state=RUNNING, run_id="run-killed")
-    await agent.services.transcript.stub.PublishBatch(
-        tapi.PublishBatchRequest(session_id="s1", operations=[tapi.BatchOperation(runtime_state=stale)]),
-        metadata=agent.user(OWNER),
-    )
+    await left_running(agent, "s1")
     watcher = Watcher(agent, "s1")
     try:
         assert _state(await watcher.state(RUNNING)).run_id == "run-killed"
@@ -183,11 +187,7 @@ async def test_a_stop_while_a_merge_or_compaction_holds_the_session_still_publis
     """No turn can run while a merge or compaction holds the session, so the RUNNING a killed agent left is
     stale: a stop publishes IDLE without a claim of its own (it cannot take one) and takes nothing."""
     await agent.new_session("s1")
-    stale = fpb.RuntimeState(state=RUNNING, run_id="run-killed")
-    await agent.services.transcript.stub.PublishBatch(
-        tapi.PublishBatchRequest(session_id="s1", operations=[tapi.BatchOperation(runtime_state=stale)]),
-        metadata=agent.user(OWNER),
-    )
+    await left_running(agent, "s1")
     claim_id = await agent.try_claim("s1", holder="op-holding", ttl_seconds=30, kind=kind)
     assert claim_id is not None
     watcher = Watcher(agent, "s1")
