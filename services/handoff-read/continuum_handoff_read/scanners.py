@@ -8,12 +8,12 @@ scanner never reads a manifest itself).
 
 A scanner parses each text row exactly as the reader does, opens the part beneath the package with the
 same checks (PackageFiles: openat2 beneath the package without symlinks, O_NOFOLLOW, a regular file of
-the registered size), reads it whole after the carried tail of the part before it in the same record,
-and looks for the query. It answers which text rows it scanned and which of them the reader must look
-at itself ("flagged"): a match ending in the row's own bytes, or a first row of the piece that may
-continue a part of the piece before (a scanner never sees that part's bytes). It stops before a row it
-cannot take (larger than the reader's buffer, damaged, unreadable), where the reader
-goes on in its own thread and meets the same row and its error.
+the registered size), reads it whole after the carried tail of the part before it in the same record
+(for the piece's first row, the part the line before the piece names), and looks for the query. It
+answers which text rows it scanned and which of them the reader must look at itself ("flagged"): a
+match ending in the row's own bytes, or a piece's first row continuing a part the line before the piece
+does not name. It stops before a row it cannot take (larger than the reader's buffer, damaged,
+unreadable): the reader goes on from there in its own thread, meets that row and says why.
 
 A scanner hashes nothing and hands nothing out: the reader re-reads every flagged part, verifies it and
 builds the excerpts exactly as it does without scanners, so the answer is the same either way.
