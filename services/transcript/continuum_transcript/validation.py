@@ -155,10 +155,6 @@ class MessageRow(NamedTuple):
         """Whether the tool reported this result as truncated."""
         return self.role == pb.MESSAGE_ROLE_TOOL and self.metadata.get(RESULT_TRUNCATED) is True
 
-    def attachment_ids(self) -> list[str]:
-        """Attachments the content refers to."""
-        return attachment_ids(self.content)
-
 
 def attachment_ids(content: list[dict[str, Any]]) -> list[str]:
     """The attachments stored content parts refer to, in order."""
@@ -220,7 +216,10 @@ def _message_row(message: pb.NewMessage, settings: TranscriptSettings, size: int
         tool_calls,
         tool_call_id,
         # Every stored message passes here once, so the flag is computed at write time only.
-        with_truncation_flag(role, content, metadata(message.metadata, ".metadata")),
+        # Most messages have no metadata: asking is much cheaper than reading the empty Struct.
+        with_truncation_flag(
+            role, content, metadata(message.metadata, ".metadata") if message.HasField("metadata") else {}
+        ),
         status,
         # The serialized size bounds the body's text, tool calls and metadata, and costs nothing.
         size,
