@@ -198,7 +198,9 @@ def _message_row(message: pb.NewMessage, settings: TranscriptSettings, size: int
     if status not in MESSAGE_STATUSES:
         raise BadRequest(".status", "is not a known message status")
     content = content_parts(message.content, ".content")
-    tool_calls = _tool_calls(message, role)
+    # Most messages have no tool calls: the check costs a call only when there are some.
+    given = message.tool_calls
+    tool_calls = _tool_calls(given, role) if given else []
     # Read once: every read of a protobuf string field builds a new str.
     tool_call_id = message.tool_call_id
     if role == pb.MESSAGE_ROLE_TOOL:
@@ -227,10 +229,7 @@ def _message_row(message: pb.NewMessage, settings: TranscriptSettings, size: int
     )
 
 
-def _tool_calls(message: pb.NewMessage, role: int) -> list[dict[str, str]]:
-    given = message.tool_calls
-    if not given:
-        return []
+def _tool_calls(given: Any, role: int) -> list[dict[str, str]]:
     if role != pb.MESSAGE_ROLE_ASSISTANT:
         raise BadRequest(".tool_calls", "are only allowed on an ASSISTANT message")
     if len(given) > MAX_TOOL_CALLS:
