@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import grpc
-
 from continuum.agent.v1 import agent_service_pb2_grpc as api_grpc
 from continuum_agent import SERVICE_NAME
 from continuum_agent.clients import Upstreams
@@ -13,6 +11,7 @@ from continuum_agent.servicer import AgentServicer
 from continuum_agent.settings import AgentSettings
 from continuum_agent.turn import TurnLoop
 from continuum_runtime.clock import Clock, SystemClock
+from continuum_runtime.guard import GuardedServer
 from continuum_runtime.server import GrpcService, start_server
 from continuum_runtime.telemetry import tracer_provider
 
@@ -27,7 +26,7 @@ async def start(settings: AgentSettings, model: AgentModel | None = None, clock:
     runner = TurnRunner(settings, upstreams, TurnLoop(settings, upstreams, model, clock))
     servicer = AgentServicer(runner)
 
-    def register(server: grpc.aio.Server) -> list[str]:
+    def register(server: GuardedServer) -> list[str]:
         api_grpc.add_AgentServiceServicer_to_server(servicer, server)
         return [FULL_SERVICE_NAME]
 

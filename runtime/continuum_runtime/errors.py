@@ -1,7 +1,7 @@
 """Domain errors and their one mapping to `google.rpc.Status` with `ErrorInfo` (AIP-193).
 
 Each service derives one root error type from `ServiceError`; handlers raise it and never set
-status codes themselves. `ErrorMappingInterceptor` (in `interceptors`) turns it into a status.
+status codes themselves. `GuardedServer` (in `guard`) turns it into a status.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""gRPC server bootstrap: grpc.aio on a chosen (or free) port, health, reflection, interceptors,
+"""gRPC server bootstrap: grpc.aio on a chosen (or free) port, health, reflection, guarded methods,
 keepalive suited to Kubernetes, and a graceful stop (NOT_SERVING first, then drain)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 from opentelemetry.sdk.trace import TracerProvider
 
-from continuum_runtime.interceptors import AuthInterceptor, ErrorMappingInterceptor
+from continuum_runtime.guard import GuardedServer
 from continuum_runtime.settings import ServiceSettings
 
 logger = logging.getLogger("continuum.server")
@@ -71,15 +71,15 @@ async def start_server(
     name: str,
     settings: ServiceSettings,
     *,
-    register: Callable[[grpc.aio.Server], Sequence[str]],
+    register: Callable[[GuardedServer], Sequence[str]],
     tracer_provider: TracerProvider | None,
     cleanups: Sequence[Cleanup] = (),
     drains: Sequence[Cleanup] = (),
     untraced_streams: Sequence[str] = (),
     complete_cancelled_calls: bool = False,
 ) -> GrpcService:
-    """Build and start the server; `register` adds servicers and returns their full service names.
-    `complete_cancelled_calls`: see `ErrorMappingInterceptor`."""
+    """Build and start the server; `register` adds servicers (every method guarded, see
+    `GuardedServer`, also for `complete_cancelled_calls`) and returns their full service names."""
     interceptors: list[grpc.aio.ServerInterceptor] = []
     if tracer_provider is not None:
         untraced = filters.any_of(
@@ -92,12 +92,11 @@ async def start_server(
         interceptors.append(
             aio_server_interceptor(tracer_provider=tracer_provider, filter_=filters.negate(untraced))  # type: ignore[no-untyped-call]
         )
-    interceptors += [
-        AuthInterceptor(settings.service_token.get_secret_value()),
-        ErrorMappingInterceptor(complete_cancelled_calls=complete_cancelled_calls),
-    ]
     server = grpc.aio.server(interceptors=interceptors, options=keepalive_options(settings.grpc_max_message_bytes))
-    service_names = list(register(server))
+    guarded = GuardedServer(
+        server, settings.service_token.get_secret_value(), complete_cancelled_calls=complete_cancelled_calls
+    )
+    service_names = list(register(guarded))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)

@@ -46,3 +46,43 @@ async def test_a_stopped_loop_waits_for_its_step_to_finish_then_stops() -> None:
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(loop, 5)
     assert steps == ["begun", "finished"]
+
+
+async def test_a_waiting_caller_gets_the_answer_or_the_failure() -> None:
+    async def answer() -> int:
+        await asyncio.sleep(0)
+        return 42
+
+    async def fail() -> int:
+        await asyncio.sleep(0)
+        raise ValueError("broken")
+
+    assert await run_to_completion(answer()) == 42
+    with pytest.raises(ValueError, match="broken"):
+        await run_to_completion(fail())
+
+
+@pytest.mark.parametrize("expected", [(), (ValueError,)])
+async def test_a_failure_after_the_caller_left_is_logged_unless_expected(
+    caplog: pytest.LogCaptureFixture, expected: tuple[type[BaseException], ...]
+) -> None:
+    release = asyncio.Event()
+    failed = asyncio.Event()
+
+    async def work() -> None:
+        await release.wait()
+        failed.set()
+        raise ValueError("broken")
+
+    caller = asyncio.create_task(run_to_completion(work(), expected=expected))
+    await asyncio.sleep(0)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    release.set()
+    await asyncio.wait_for(failed.wait(), 5)
+    # The task's done callbacks run on the next turns of the loop.
+    for _ in range(3):
+        await asyncio.sleep(0)
+    logged = [record for record in caplog.records if record.name == "continuum.cancellation"]
+    assert len(logged) == (0 if expected else 1)

@@ -6,8 +6,6 @@ import asyncio
 import contextlib
 from pathlib import Path
 
-import grpc
-
 from continuum.compaction.v1 import compaction_service_pb2_grpc as api_grpc
 from continuum_compaction import SERVICE_NAME
 from continuum_compaction.claim_holder import ClaimHolder
@@ -22,6 +20,7 @@ from continuum_compaction.transcript_client import TranscriptClient
 from continuum_runtime import migrations
 from continuum_runtime.clock import Clock, SystemClock
 from continuum_runtime.database import Database
+from continuum_runtime.guard import GuardedServer
 from continuum_runtime.paging import token_secret
 from continuum_runtime.provider import ModelProvider, open_provider
 from continuum_runtime.server import GrpcService, start_server
@@ -98,7 +97,7 @@ async def start(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    def register(server: grpc.aio.Server) -> list[str]:
+    def register(server: GuardedServer) -> list[str]:
         api_grpc.add_CompactionServiceServicer_to_server(servicer, server)
         return [FULL_SERVICE_NAME]
 

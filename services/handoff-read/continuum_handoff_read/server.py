@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
-
 from continuum.handoff_read.v1 import handoff_read_service_pb2_grpc as api_grpc
 from continuum_handoff_read import SERVICE_NAME
 from continuum_handoff_read.binding import Binder
@@ -17,6 +15,7 @@ from continuum_handoff_read.servicer import HandoffReadServicer
 from continuum_handoff_read.settings import HandoffReadSettings
 from continuum_handoff_read.transcript_client import TranscriptClient
 from continuum_runtime.clock import Clock, SystemClock
+from continuum_runtime.guard import GuardedServer
 from continuum_runtime.paging import token_secret
 from continuum_runtime.server import GrpcService, start_server
 from continuum_runtime.telemetry import tracer_provider
@@ -56,7 +55,7 @@ async def start(settings: HandoffReadSettings, clock: Clock | None = None) -> Gr
     async def stop_scanners() -> None:
         await asyncio.to_thread(scanners.close)
 
-    def register(server: grpc.aio.Server) -> list[str]:
+    def register(server: GuardedServer) -> list[str]:
         api_grpc.add_HandoffReadServiceServicer_to_server(servicer, server)
         return [FULL_SERVICE_NAME]
 

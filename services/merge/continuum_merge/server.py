@@ -10,8 +10,6 @@ import socket
 import uuid
 from pathlib import Path
 
-import grpc
-
 from continuum.merge.v1 import merge_service_pb2_grpc as api_grpc
 from continuum_merge import SERVICE_NAME
 from continuum_merge.cleanup import CancelledSweeper, SessionEventsConsumer
@@ -25,6 +23,7 @@ from continuum_merge.worker import Failpoint, Worker, crash_at
 from continuum_runtime import migrations
 from continuum_runtime.clock import Clock, SystemClock
 from continuum_runtime.database import Database
+from continuum_runtime.guard import GuardedServer
 from continuum_runtime.provider import ModelProvider, open_provider
 from continuum_runtime.server import Cleanup, GrpcService, start_server
 from continuum_runtime.telemetry import tracer_provider
@@ -156,7 +155,7 @@ async def start(
     operations = Operations(settings, database, transcript, settings.default_model or provider.model, signals, clock)
     servicer = MergeServicer(operations)
 
-    def register(server: grpc.aio.Server) -> list[str]:
+    def register(server: GuardedServer) -> list[str]:
         api_grpc.add_MergeServiceServicer_to_server(servicer, server)
         return [FULL_SERVICE_NAME]
 

@@ -23,6 +23,11 @@ class BadRequest(InvalidArgument, TranscriptError):
 
     domain = DOMAIN
 
+    def within(self, prefix: str) -> BadRequest:
+        """The same refusal of a field that was named relative to `prefix` (e.g. ".role" within "messages[3]")."""
+        (violation,) = self.violations
+        return BadRequest(prefix + violation.field, violation.description)
+
 
 class SessionNotFound(TranscriptError):
     code = grpc.StatusCode.NOT_FOUND

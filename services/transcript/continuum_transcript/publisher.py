@@ -335,10 +335,12 @@ class SessionPublisher:
         # Synchronous from here on: sequence, ids, state and fan-out change together.
         seq = self.commit_seq + 1
         created = self._clock.now_ms() if create_ms is None else create_ms
+        take, session_id = self._ids.popleft, self.session_id
+        ids = [take() for _ in rows]
         stored: list[dict[str, Any]] = [
             {
-                "message_id": self._ids.popleft(),
-                "session_id": self.session_id,
+                "message_id": message_id,
+                "session_id": session_id,
                 "role": row.role,
                 "content": row.content,
                 "tool_calls": row.tool_calls,
@@ -353,7 +355,7 @@ class SessionPublisher:
                 "preview": row.preview,
                 "result_truncated": row.result_truncated,
             }
-            for row in rows
+            for message_id, row in zip(ids, rows, strict=True)
         ]
         self.commit_seq = seq
         if runtime_state is not None:
@@ -387,12 +389,14 @@ class SessionPublisher:
             watermark = fpb.WatermarkFrame(base_seq=seq - 1, seq=seq)
             frame = api.FollowResponse(stream_generation=self.stream_generation, watermark=watermark)
         # Small bodies travel in the frame while it has room; the rest as stubs (see bodies.py).
-        whole = bodies.inline_ids([(row["message_id"], row["body_bytes"]) for row in stored], self._limits.bodies)
+        whole = bodies.inline_ids(
+            [(message_id, row.body_bytes) for message_id, row in zip(ids, rows, strict=True)], self._limits.bodies
+        )
         shown = [row if row["message_id"] in whole else bodies.stub_row(row) for row in stored]
         cost = FRAME_OVERHEAD_BYTES + frame.ByteSize()
         cost += sum(row["body_bytes"] if row["message_id"] in whole else bodies.STUB_BYTES for row in stored)
         self._emit(frame, barrier=seq if terminal else 0, rows=shown or None, media_types=media_types, cost=cost)
-        return seq, [int(row["message_id"]) for row in stored]
+        return seq, ids
 
     def open_attempt(self, ref: fpb.AttemptRef) -> None:
         """Open (or, with a higher attempt number, retry) a sampling attempt."""

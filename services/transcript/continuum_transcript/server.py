@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import grpc
-
 from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
 from continuum_runtime import migrations
 from continuum_runtime.clock import Clock, SystemClock
 from continuum_runtime.database import Database
+from continuum_runtime.guard import GuardedServer
 from continuum_runtime.paging import token_secret
 from continuum_runtime.server import GrpcService, start_server
 from continuum_runtime.telemetry import tracer_provider
@@ -64,7 +63,7 @@ async def start(settings: TranscriptSettings, clock: Clock | None = None) -> Grp
     async def drain_publishers() -> None:
         await registry.shutdown(settings.shutdown_grace_seconds)
 
-    def register(server: grpc.aio.Server) -> list[str]:
+    def register(server: GuardedServer) -> list[str]:
         api_grpc.add_TranscriptServiceServicer_to_server(servicer, server)
         return [FULL_SERVICE_NAME]
 

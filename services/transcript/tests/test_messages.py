@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import grpc
+import pytest
 from transcript_testing import (
     TranscriptClient,
     all_messages,
@@ -42,6 +43,28 @@ async def test_batch_gets_increasing_ids_and_round_trips(transcript: TranscriptC
     assert stored[1].tool_calls[0].tool_call_id == "call-1" and stored[2].tool_call_id == "call-1"
     assert stored[2].metadata["exitCode"] == 0
     assert all(m.status == pb.MESSAGE_STATUS_COMPLETE and not m.deleted for m in stored)
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        pytest.param("", id="escapes"),
+        # The six characters, no NUL: looks like an escaped NUL inside the stored JSON.
+        pytest.param(" \\u0000 written out", id="written-escape"),
+        pytest.param(" \x00 binary", id="nul"),
+    ],
+)
+async def test_text_and_metadata_that_json_must_escape_round_trip(transcript: TranscriptClient, tail: str) -> None:
+    sid = await create_session(transcript)
+    said = 'done: "é" \\ € 🙂\n\t\u2028\x01' + tail
+    sent = [user(said), assistant("calling", "call-1"), tool("call-1", said)]
+    sent[2].metadata.update({"quoted": said, "nested": {"list": [1.5, "x", None, True]}})
+    ids = await append(transcript, sid, *sent)
+    stored = await _all_after(transcript, sid, 0)
+    assert [m.message_id for m in stored] == ids
+    assert [m.content[0].text for m in stored] == [said, "calling", said]
+    assert stored[1].tool_calls[0].tool_call_id == "call-1" and stored[2].tool_call_id == "call-1"
+    assert dict(stored[2].metadata) == dict(sent[2].metadata)
 
 
 async def test_list_after_reads_everything_past_the_boundary_in_pages(transcript: TranscriptClient) -> None:
