@@ -3,8 +3,11 @@ spliced), a crash after it leaves a snapshot that verifies, and a short disk sto
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from continuum_merge.snapshot import (
     SourceChanged,
     build_snapshot,
     verify_snapshot,
+    writer,
 )
 from continuum_merge.snapshot.records import prepare_message, utf8_parts
 
@@ -111,6 +115,58 @@ async def test_short_disk_stops_the_copy_and_a_resume_starts_over(tmp_path: Path
         )
     assert sealed == verify_snapshot(package)
     assert len(rows(package, "records.jsonl")) == 5
+
+
+async def test_the_tree_is_on_disk_before_the_rename_and_a_failed_sync_refuses_the_seal(
+    tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[tuple[int, bool]] = []
+
+    def syncfs(descriptor: int) -> int:
+        """Records which file system was synced and whether the snapshot existed yet; fails once."""
+        synced.append((os.fstat(descriptor).st_dev, (package / "snapshot").exists()))
+        if len(synced) == 1:
+            ctypes.set_errno(errno.EIO)
+            return -1
+        return 0
+
+    monkeypatch.setattr(writer, "_SYNCFS", syncfs)
+    async with running_sources(tmp_path, database_url) as sources:
+        await sources.session("a")
+        await sources.append("a", text_message(tpb.MESSAGE_ROLE_USER, "one"))
+        cuts = await sources.cuts("a")
+        package = tmp_path / "op"
+        # A write-back error (a file of the tree may not be on disk): no seal.
+        with pytest.raises(OSError, match="Input/output error") as failed:
+            await build_snapshot(sources.reader, cuts, package, version=1, disk_reserve_bytes=0)
+        assert failed.value.errno == errno.EIO
+        assert not (package / "snapshot").exists()
+
+        sealed = await build_snapshot(sources.reader, cuts, package, version=2, disk_reserve_bytes=0)
+    assert sealed == verify_snapshot(package)
+    assert synced == [(package.stat().st_dev, False)] * 2
+
+
+async def test_without_syncfs_every_file_and_directory_is_fsynced(
+    tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fsynced: set[str] = set()
+    fsync = os.fsync
+
+    def recording(descriptor: int) -> None:
+        fsynced.add(os.readlink(f"/proc/self/fd/{descriptor}"))
+        fsync(descriptor)
+
+    monkeypatch.setattr(writer, "_SYNCFS", None)
+    monkeypatch.setattr(os, "fsync", recording)
+    async with running_sources(tmp_path, database_url) as sources:
+        await sources.session("a")
+        await sources.append("a", text_message(tpb.MESSAGE_ROLE_USER, "x" * 100_000))
+        package = tmp_path / "op"
+        await build_snapshot(sources.reader, await sources.cuts("a"), package, version=1, disk_reserve_bytes=0)
+    snapshot = package / "snapshot"
+    tree = {str(path).replace("/snapshot", "/staging", 1) for path in [snapshot, *snapshot.rglob("*")]}
+    assert tree <= fsynced
 
 
 def test_text_parts_end_on_code_point_boundaries() -> None:
