@@ -169,6 +169,22 @@ async def test_without_syncfs_every_file_and_directory_is_fsynced(
     assert tree <= fsynced
 
 
+def test_a_short_write_is_resumed_where_it_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    writev = os.writev
+
+    def short(descriptor: int, buffers: list[memoryview]) -> int:
+        """Writes at most 3 bytes, as a write interrupted by a signal may."""
+        return writev(descriptor, [buffers[0][:3]])
+
+    monkeypatch.setattr(os, "writev", short)
+    descriptor = os.open(tmp_path / "file", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        writer._write_all(descriptor, [b"abcdefg", b"", memoryview(b"hij"), b"k"])
+    finally:
+        os.close(descriptor)
+    assert (tmp_path / "file").read_bytes() == b"abcdefghijk"
+
+
 def test_text_parts_end_on_code_point_boundaries() -> None:
     text = ("a" * 32767 + "€" + "🙂" * 10000).encode()
     parts = list(utf8_parts(text))
@@ -197,11 +213,12 @@ def test_a_message_version_and_raw_record_are_the_canonical_json_of_what_it_says
         tool_call_id="call-1",
         result_truncated=True,
         content=[
-            tpb.ContentPart(text='quote " backslash \\ newline \n tab \t euro € emoji 🙂 control \x01'),
+            tpb.ContentPart(text='quote " backslash \\ newline \n tab \t euro € emoji 🙂 control \x00 \x01'),
             tpb.ContentPart(attachment=tpb.AttachmentReference(attachment_id="att-1", media_type="image/png")),
         ],
     )
-    message.metadata.update({"usage": {"tokens": 3}, "exit": {"code": 1, "signal": None}})
+    # NUL bytes are escaped everywhere in canonical JSON (the record is assembled around its content).
+    message.metadata.update({"usage": {"tokens": 3}, "exit": {"code": 1, "signal": None}, "note": "nul \x00"})
     record = prepare_message(message, "root")
     content = [
         {"text": message.content[0].text},
@@ -213,7 +230,7 @@ def test_a_message_version_and_raw_record_are_the_canonical_json_of_what_it_says
         "toolCalls": [],
         "toolCallId": "call-1",
         "status": "COMPLETE",
-        "metadata": {"exit": {"code": 1.0, "signal": None}},
+        "metadata": {"exit": {"code": 1.0, "signal": None}, "note": "nul \x00"},
     }
     version = hashlib.sha256(_canonical(said)).hexdigest()
     origin = {"kind": "message", "sessionId": "s", "recordId": "7", "version": version}
@@ -225,10 +242,11 @@ def test_a_message_version_and_raw_record_are_the_canonical_json_of_what_it_says
         "origin": origin,
         "rootSessionId": "root",
         "createdAt": "",
-        "message": {**said, "metadata": {"usage": {"tokens": 3.0}, "exit": {"code": 1.0, "signal": None}},
+        "message": {**said, "metadata": {"usage": {"tokens": 3.0}, "exit": {"code": 1.0, "signal": None},
+                                         "note": "nul \x00"},
                     "resultTruncated": True},
     }  # fmt: skip
-    assert record.raw == _canonical(raw)
+    assert b"".join(record.raw) == _canonical(raw)
 
 
 async def test_a_history_rewritten_after_the_cut_is_not_spliced(tmp_path: Path, database_url: str) -> None:

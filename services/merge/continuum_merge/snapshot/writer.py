@@ -205,11 +205,9 @@ class PackageWriter:
         for record, assets in batch:
             ref = record.record_ref
             # The text parts are views of the record's text: cut without copying a byte.
-            contents: list[bytes | memoryview] = [record.raw, *utf8_parts(memoryview(record.text))]
-            self.reserve(sum(len(data) for data in contents))
-            files = [(raw_path(ref), contents[0])] + [
-                (text_path(ref, part), data) for part, data in enumerate(contents[1:])
-            ]
+            files: list[tuple[str, Sequence[bytes | memoryview]]] = [(raw_path(ref), record.raw)]
+            files += [(text_path(ref, part), (data,)) for part, data in enumerate(utf8_parts(memoryview(record.text)))]
+            self.reserve(sum(len(piece) for _, pieces in files for piece in pieces))
             tasks = [
                 self._pool.submit(_write_files, self.staging, files[start : start + FILES_PER_TASK])
                 for start in range(0, len(files), FILES_PER_TASK)
@@ -276,20 +274,33 @@ class PackageWriter:
             stream.close()
 
 
-def _write_files(staging: Path, files: Sequence[tuple[str, bytes | memoryview]]) -> list[tuple[int, str]]:
-    """Create each (package path, bytes) of `files` (none may exist yet); their sizes and sha256s.
-    Plain descriptors: one open, write and close per file, nothing buffered or copied on the way."""
+def _write_files(staging: Path, files: Sequence[tuple[str, Sequence[bytes | memoryview]]]) -> list[tuple[int, str]]:
+    """Create each (package path, pieces of its bytes) of `files` (none may exist yet); their sizes and
+    sha256s. Plain descriptors: one open, writev and close per file, nothing buffered or copied on the
+    way."""
     written: list[tuple[int, str]] = []
-    for path, data in files:
+    for path, pieces in files:
         descriptor = os.open(staging / path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
         try:
-            done = os.write(descriptor, data)
-            while done < len(data):
-                done += os.write(descriptor, memoryview(data)[done:])
+            _write_all(descriptor, pieces)
         finally:
             os.close(descriptor)
-        written.append((len(data), hashlib.sha256(data).hexdigest()))
+        digest = hashlib.sha256()
+        for piece in pieces:
+            digest.update(piece)
+        written.append((sum(len(piece) for piece in pieces), digest.hexdigest()))
     return written
+
+
+def _write_all(descriptor: int, pieces: Sequence[bytes | memoryview]) -> None:
+    """writev every byte of `pieces`, resuming after a short write."""
+    remaining = [memoryview(piece) for piece in pieces if piece]
+    while remaining:
+        done = os.writev(descriptor, remaining)
+        while remaining and done >= len(remaining[0]):
+            done -= len(remaining.pop(0))
+        if remaining:
+            remaining[0] = remaining[0][done:]
 
 
 def fresh_directory(path: Path) -> None:
