@@ -3,8 +3,11 @@ spliced), a crash after it leaves a snapshot that verifies, and a short disk sto
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from continuum_merge.snapshot import (
     SourceChanged,
     build_snapshot,
     verify_snapshot,
+    writer,
 )
 from continuum_merge.snapshot.records import prepare_message, utf8_parts
 
@@ -113,6 +117,74 @@ async def test_short_disk_stops_the_copy_and_a_resume_starts_over(tmp_path: Path
     assert len(rows(package, "records.jsonl")) == 5
 
 
+async def test_the_tree_is_on_disk_before_the_rename_and_a_failed_sync_refuses_the_seal(
+    tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[tuple[int, bool]] = []
+
+    def syncfs(descriptor: int) -> int:
+        """Records which file system was synced and whether the snapshot existed yet; fails once."""
+        synced.append((os.fstat(descriptor).st_dev, (package / "snapshot").exists()))
+        if len(synced) == 1:
+            ctypes.set_errno(errno.EIO)
+            return -1
+        return 0
+
+    monkeypatch.setattr(writer, "_SYNCFS", syncfs)
+    async with running_sources(tmp_path, database_url) as sources:
+        await sources.session("a")
+        await sources.append("a", text_message(tpb.MESSAGE_ROLE_USER, "one"))
+        cuts = await sources.cuts("a")
+        package = tmp_path / "op"
+        # A write-back error (a file of the tree may not be on disk): no seal.
+        with pytest.raises(OSError, match="Input/output error") as failed:
+            await build_snapshot(sources.reader, cuts, package, version=1, disk_reserve_bytes=0)
+        assert failed.value.errno == errno.EIO
+        assert not (package / "snapshot").exists()
+
+        sealed = await build_snapshot(sources.reader, cuts, package, version=2, disk_reserve_bytes=0)
+    assert sealed == verify_snapshot(package)
+    assert synced == [(package.stat().st_dev, False)] * 2
+
+
+async def test_without_syncfs_every_file_and_directory_is_fsynced(
+    tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fsynced: set[str] = set()
+    fsync = os.fsync
+
+    def recording(descriptor: int) -> None:
+        fsynced.add(os.readlink(f"/proc/self/fd/{descriptor}"))
+        fsync(descriptor)
+
+    monkeypatch.setattr(writer, "_SYNCFS", None)
+    monkeypatch.setattr(os, "fsync", recording)
+    async with running_sources(tmp_path, database_url) as sources:
+        await sources.session("a")
+        await sources.append("a", text_message(tpb.MESSAGE_ROLE_USER, "x" * 100_000))
+        package = tmp_path / "op"
+        await build_snapshot(sources.reader, await sources.cuts("a"), package, version=1, disk_reserve_bytes=0)
+    snapshot = package / "snapshot"
+    tree = {str(path).replace("/snapshot", "/staging", 1) for path in [snapshot, *snapshot.rglob("*")]}
+    assert tree <= fsynced
+
+
+def test_a_short_write_is_resumed_where_it_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    writev = os.writev
+
+    def short(descriptor: int, buffers: list[memoryview]) -> int:
+        """Writes at most 3 bytes, as a write interrupted by a signal may."""
+        return writev(descriptor, [buffers[0][:3]])
+
+    monkeypatch.setattr(os, "writev", short)
+    descriptor = os.open(tmp_path / "file", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        writer._write_all(descriptor, [b"abcdefg", b"", memoryview(b"hij"), b"k"])
+    finally:
+        os.close(descriptor)
+    assert (tmp_path / "file").read_bytes() == b"abcdefghijk"
+
+
 def test_text_parts_end_on_code_point_boundaries() -> None:
     text = ("a" * 32767 + "€" + "🙂" * 10000).encode()
     parts = list(utf8_parts(text))
@@ -141,11 +213,12 @@ def test_a_message_version_and_raw_record_are_the_canonical_json_of_what_it_says
         tool_call_id="call-1",
         result_truncated=True,
         content=[
-            tpb.ContentPart(text='quote " backslash \\ newline \n tab \t euro € emoji 🙂 control \x01'),
+            tpb.ContentPart(text='quote " backslash \\ newline \n tab \t euro € emoji 🙂 control \x00 \x01'),
             tpb.ContentPart(attachment=tpb.AttachmentReference(attachment_id="att-1", media_type="image/png")),
         ],
     )
-    message.metadata.update({"usage": {"tokens": 3}, "exit": {"code": 1, "signal": None}})
+    # NUL bytes are escaped everywhere in canonical JSON (the record is assembled around its content).
+    message.metadata.update({"usage": {"tokens": 3}, "exit": {"code": 1, "signal": None}, "note": "nul \x00"})
     record = prepare_message(message, "root")
     content = [
         {"text": message.content[0].text},
@@ -157,7 +230,7 @@ def test_a_message_version_and_raw_record_are_the_canonical_json_of_what_it_says
         "toolCalls": [],
         "toolCallId": "call-1",
         "status": "COMPLETE",
-        "metadata": {"exit": {"code": 1.0, "signal": None}},
+        "metadata": {"exit": {"code": 1.0, "signal": None}, "note": "nul \x00"},
     }
     version = hashlib.sha256(_canonical(said)).hexdigest()
     origin = {"kind": "message", "sessionId": "s", "recordId": "7", "version": version}
@@ -169,10 +242,11 @@ def test_a_message_version_and_raw_record_are_the_canonical_json_of_what_it_says
         "origin": origin,
         "rootSessionId": "root",
         "createdAt": "",
-        "message": {**said, "metadata": {"usage": {"tokens": 3.0}, "exit": {"code": 1.0, "signal": None}},
+        "message": {**said, "metadata": {"usage": {"tokens": 3.0}, "exit": {"code": 1.0, "signal": None},
+                                         "note": "nul \x00"},
                     "resultTruncated": True},
     }  # fmt: skip
-    assert record.raw == _canonical(raw)
+    assert b"".join(record.raw) == _canonical(raw)
 
 
 async def test_a_history_rewritten_after_the_cut_is_not_spliced(tmp_path: Path, database_url: str) -> None:

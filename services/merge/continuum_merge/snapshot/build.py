@@ -6,7 +6,7 @@ Records are deduplicated by identity and version against the raw files already w
 is the set). A source that is
 itself a completed merge target contributes its own package's originals first, keeping their identity
 and version, then its messages. The seal is: every stream closed, manifest.json and seal.json written,
-every file fsynced as it was closed and every directory after, staging/ renamed to snapshot/ and the
+the whole staging tree made durable at once (`sync_file_system`), staging/ renamed to snapshot/ and the
 package directory synced.
 """
 
@@ -24,7 +24,6 @@ from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum_merge.snapshot.errors import PackageDamaged, SourceChanged, SourceMissing
 from continuum_merge.snapshot.layout import (
     AFTER_SEAL,
-    ASSETS_DIR,
     BEFORE_SEAL,
     FILES,
     FORMAT,
@@ -32,12 +31,10 @@ from continuum_merge.snapshot.layout import (
     MANIFEST,
     OCCURRENCES,
     OPERATION_ID,
-    RAW_DIR,
     RECORDS,
     SEAL,
     SNAPSHOT,
     STAGING,
-    TEXT_DIR,
     SealedSnapshot,
     SourceCut,
     asset_path,
@@ -59,7 +56,7 @@ from continuum_merge.snapshot.writer import (
     fresh_directory,
     pin_allocator_threshold,
     sync_directory,
-    write_durable,
+    sync_file_system,
 )
 from continuum_runtime.wire_names import MERGE_OPERATION_METADATA_KEY
 
@@ -133,13 +130,12 @@ def _seal(package_dir: Path, manifest: dict[str, Any], failpoint: Callable[[str]
     staging = package_dir / STAGING
     manifest_bytes = json.dumps(manifest, sort_keys=True, ensure_ascii=False, indent=1).encode()
     snapshot_hash = sha256_hex(manifest_bytes)
-    write_durable(staging / MANIFEST, manifest_bytes)
     seal = {"format": FORMAT, "version": manifest["version"], "manifestHash": snapshot_hash}
-    write_durable(staging / SEAL, canonical(seal))
-    # Every file was fsynced as it was closed; their directory entries now.
-    for directory in (RAW_DIR, TEXT_DIR, ASSETS_DIR):
-        sync_directory(staging / directory)
-    sync_directory(staging)
+    for name, data in ((MANIFEST, manifest_bytes), (SEAL, canonical(seal))):
+        with (staging / name).open("xb") as handle:
+            handle.write(data)
+    # Every file and directory entry of staging/ on disk before the rename makes it the snapshot.
+    sync_file_system(staging)
     failpoint(BEFORE_SEAL)
     snapshot = package_dir / SNAPSHOT
     if snapshot.exists():

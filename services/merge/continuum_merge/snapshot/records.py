@@ -43,6 +43,20 @@ def canonical(value: object) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
+# Stands in a value for bytes spliced in later. orjson writes its fragments verbatim and escapes every
+# control character inside strings, so a NUL byte in its output can only be this one.
+_SPLICE = orjson.Fragment(b"\x00")
+
+
+def canonical_around(value: object) -> tuple[bytes, bytes]:
+    """canonical(value), where `value` holds _SPLICE once, as the bytes before and after it: with a
+    value's canonical JSON between them, the same bytes canonical() gives with that value in place."""
+    before, splice, after = canonical(value).partition(b"\x00")
+    if not splice or b"\x00" in after:
+        raise ValueError("the value must hold the splice exactly once")
+    return before, after
+
+
 def sha256_hex(data: bytes) -> str:
     """Lowercase hex sha256."""
     return hashlib.sha256(data).hexdigest()
@@ -62,7 +76,9 @@ class PreparedRecord:
     role: str
     created_at: str
     processing_policy: str
-    raw: bytes
+    # The raw JSON in consecutive pieces (written one after the other, never joined: a message's
+    # content is most of its bytes, and is serialized once for both its version and its raw record).
+    raw: tuple[bytes, ...]
     text: bytes
 
 
@@ -116,17 +132,22 @@ def prepare_message(message: tpb.Message, root_session_id: str) -> PreparedRecor
         {"toolCallId": call.tool_call_id, "name": call.name, "arguments": call.arguments} for call in message.tool_calls
     ]
     semantic = {key: value for key, value in metadata.items() if key not in NON_SEMANTIC_METADATA}
-    # The content (nearly all of a message's bytes) is serialized once and spliced verbatim into both
-    # the version's JSON and the raw record: the same bytes canonical() gives for it in place.
+    # The content (nearly all of a message's bytes) is serialized once; the version hashes it between
+    # the rest of what the message says, and the raw record is written around it, neither copying it.
+    content_json = canonical(content)
     said = {
         "role": role,
-        "content": orjson.Fragment(canonical(content)),
+        "content": _SPLICE,
         "toolCalls": tool_calls,
         "toolCallId": message.tool_call_id,
         "status": status,
         "metadata": semantic,
     }
-    version = sha256_hex(canonical(said))
+    before, after = canonical_around(said)
+    digest = hashlib.sha256(before)
+    digest.update(content_json)
+    digest.update(after)
+    version = digest.hexdigest()
     record_id = str(message.message_id)
     ref = record_ref(MESSAGE, message.session_id, record_id, version)
     origin = {"kind": MESSAGE, "sessionId": message.session_id, "recordId": record_id, "version": version}
@@ -141,10 +162,13 @@ def prepare_message(message: tpb.Message, root_session_id: str) -> PreparedRecor
     why = unreadable(message)
     if why:
         raw["unreadable"] = why
+    before, after = canonical_around(raw)
+    pieces = (before, content_json, after)
+    if why:
         text = f"[{role} message {message.message_id} of session {message.session_id}, not readable: {why}]\n"
-        return PreparedRecord(ref, origin, role, created_at, BLOCKED, canonical(raw), text.encode())
+        return PreparedRecord(ref, origin, role, created_at, BLOCKED, pieces, text.encode())
     text = _message_text(message.message_id, message.session_id, role, status, content, tool_calls, metadata)
-    return PreparedRecord(ref, origin, role, created_at, EXTRACT, canonical(raw), text.encode())
+    return PreparedRecord(ref, origin, role, created_at, EXTRACT, pieces, text.encode())
 
 
 def _message_text(
@@ -208,7 +232,7 @@ def prepare_session(session: tpb.Session, last_message_id: int) -> PreparedRecor
         f"title: {session.title}\nmodel: {session.model}\nworking directory: {session.working_directory}\n"
         f"copied up to message {last_message_id}\n"
     )
-    return PreparedRecord(ref, origin, "reference", created_at, REFERENCE, canonical(raw), text.encode())
+    return PreparedRecord(ref, origin, "reference", created_at, REFERENCE, (canonical(raw),), text.encode())
 
 
 def utf8_parts(data: Utf8, limit: int = TEXT_PART_BYTES) -> Iterator[Utf8]:
