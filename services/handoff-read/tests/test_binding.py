@@ -59,6 +59,14 @@ async def test_a_run_of_the_merged_session_is_bound_and_every_other_run_is_refus
     assert {entry.kind for entry in listed.entries} >= {"source"}
     assert len([entry for entry in listed.entries if entry.kind == "source"]) == 2
 
+    # A search through the service, its pages spread over the scanner processes it started.
+    found = await stack.execute("run-merged", arguments_json='{"action": "search", "query": "GET /v1/items"}')
+    assert found.complete
+    texts = [entry.text for entry in found.entries if entry.kind == "part"]
+    assert len(texts) == 2
+    for source in ("a", "b"):
+        assert any(f"{source}: GET /v1/items answers 200" in text for text in texts)
+
     # An ordinary session's run: no binding.
     await stack.run("a", "run-ordinary")
     await refused(stack.execute("run-ordinary"), *NOT_BOUND)
