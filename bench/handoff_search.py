@@ -140,7 +140,7 @@ def searched_bytes(package: Path) -> int:
     return sum(path.stat().st_size for path in files)
 
 
-def handoff_read(package: Path, version: str, scanners: Scanners) -> dict[str, Any]:
+def handoff_read(package: Path, version: str, scanners: Scanners | None) -> dict[str, Any]:
     """Every page of the search through tool.execute; seconds (wall, and CPU of this process and the
     scanner processes), pages and matches."""
     started = time.perf_counter()
@@ -217,7 +217,7 @@ def run(text_mib: int, seed: int, keep: Path | None) -> dict[str, Any]:
         log(f"  {total / MIB:.1f} MiB in {parts} text parts; {inside} matches inside a part, {across} across a cut")
         runs: dict[str, list[dict[str, Any]]] = {"handoff": [], "rg": [], "rg_one_thread": []}
         scanner_count = HandoffReadSettings().resolved_search_scanners()
-        scanners = Scanners(scanner_count)
+        scanners = Scanners(scanner_count) if scanner_count else None
         for attempt in (1, 2, 3):
             runs["rg"].append(ripgrep(rg, package))
             log(f"  rg -F, run {attempt}: {runs['rg'][-1]}")
@@ -226,7 +226,8 @@ def run(text_mib: int, seed: int, keep: Path | None) -> dict[str, Any]:
             log(f"  rg -F -j1, run {attempt}: {runs['rg_one_thread'][-1]}")
             runs["handoff"].append(handoff_read(package, version, scanners))
             log(f"  HandoffRead search, run {attempt}: {runs['handoff'][-1]}")
-        scanners.close()
+        if scanners is not None:
+            scanners.close()
     finally:
         if keep is None:
             shutil.rmtree(workspace, ignore_errors=True)

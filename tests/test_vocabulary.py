@@ -89,7 +89,8 @@ def test_capability_names_come_from_the_contract() -> None:
 def test_the_merge_metadata_key_and_the_tool_name_come_from_the_contracts() -> None:
     assert wire_names.MERGE_OPERATION_METADATA_KEY == "sessionMergeOperationId"
     assert wire_names.HANDOFF_READ_TOOL == "HandoffRead"
-    # Spelled nowhere else: every component reads them from the contracts through wire_names.
+    # Spelled in no other Python: every component reads them from the contracts through wire_names (the
+    # console's JavaScript, which reads no contract, names the metadata key itself).
     root = Path(__file__).resolve().parent.parent
     spelled = [
         path

@@ -37,6 +37,8 @@ class GrpcService:
     server: grpc.aio.Server
     port: int
     health: health.aio.HealthServicer
+    # Run after the server stopped, last first: list what a service opened in the order it opened it
+    # (its database first, the tasks that use it last), so the tasks stop before the database closes.
     cleanups: list[Cleanup] = field(default_factory=list)
     # Run before the server stops, e.g. to end long-lived streams so they need no grace period.
     drains: list[Cleanup] = field(default_factory=list)

@@ -106,7 +106,7 @@ async def start(
         settings,
         register=register,
         tracer_provider=tracer_provider(SERVICE_NAME, settings.trace_exporter),
-        cleanups=[stop_tasks, transcript.close, handoff.close, provider.aclose, database.dispose],
+        cleanups=[database.dispose, provider.aclose, handoff.close, transcript.close, stop_tasks],
     )
     # Only now that this process holds its port can no live replica share its claims' holder name.
     tasks.append(asyncio.create_task(holder.release_previous()))

@@ -27,6 +27,10 @@ class Deadline:
         """Stop the call at its next check (the caller is gone)."""
         self._cancelled.set()
 
+    def cancelled(self) -> bool:
+        """Whether the call was cancelled (its caller went away), rather than out of time."""
+        return self._cancelled.is_set()
+
     def expired(self) -> bool:
         """Whether the time is up or the call was cancelled."""
         return self._cancelled.is_set() or self._clock.monotonic() >= self._end

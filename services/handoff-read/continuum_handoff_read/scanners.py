@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import queue
+import os
 import signal
+import socket
 import threading
 import traceback
 from collections import deque
@@ -194,8 +195,10 @@ def _serve(connection: Connection) -> None:
 class Scanner:
     """One scanner process and the reader's end of its pipe.
 
-    A page may end with pieces still out (its budget ran out first): their answers stay in the pipe,
-    and the next borrower skips that many answers before its own (a scanner answers in order).
+    A page may end with pieces still out (its budget ran out first, or its caller went away): their
+    answers stay in the pipe, and the next borrower skips that many answers before its own (a scanner
+    answers in order). What is out, stale or not, never exceeds what the pipe's buffer holds, so a send
+    never waits for a scanner (one stuck in a read must not hold a call past its deadline).
     """
 
     def __init__(self, context: Any) -> None:
@@ -203,15 +206,30 @@ class Scanner:
         self.process = context.Process(target=_serve, args=(child,), name=SCANNER_NAME, daemon=True)
         self.process.start()
         child.close()
+        # Half the kernel's send buffer of the pipe (it counts its own overhead in the other half).
+        with socket.socket(fileno=os.dup(self.connection.fileno())) as end:
+            self._buffer_bytes = end.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2
+        # Pieces sent in all (a parked page is picked up only if none was sent since), and those not
+        # answered yet with their bytes.
+        self.sent = 0
         self.outstanding = 0
+        self._out_bytes: deque[int] = deque()
         self._stale = 0
         # Set when the process died, failed or kept a borrower waiting past its deadline: never lent again.
         self.broken = False
 
-    def lend(self, keep: int = 0) -> None:
+    def lend(self, keep: int = 0) -> bool:
         """Make the answers still out stale but the last `keep` (a parked page's pieces the borrower picks
-        up): the borrower's pieces are the next ones answered."""
+        up): the borrower's pieces are the next ones answered. False when fewer than `keep` are out."""
+        if keep > self.outstanding:
+            self._stale = self.outstanding
+            return False
         self._stale = self.outstanding - keep
+        return True
+
+    def takes(self, piece: Piece) -> bool:
+        """Whether `piece` fits in what the pipe still buffers."""
+        return not self.broken and sum(self._out_bytes) + _wire_bytes(piece) <= self._buffer_bytes
 
     def send(self, piece: Piece) -> bool:
         """Hand `piece` over; False when the process is gone."""
@@ -220,22 +238,26 @@ class Scanner:
         except OSError:
             self.broken = True
             return False
+        self.sent += 1
         self.outstanding += 1
+        self._out_bytes.append(_wire_bytes(piece))
         return True
 
     def receive(self, deadline: Deadline) -> Prescan | None:
-        """The answer to the oldest piece this borrower sent, or None (the deadline passed, the
-        process died or failed)."""
+        """The answer to the oldest piece this borrower sent, or None: the process died or failed, or
+        the deadline passed (a scanner still working when its caller went away is not broken: its
+        answer is skipped as stale later)."""
         while True:
             try:
                 answer = self.connection.recv() if self.connection.poll(deadline.remaining()) else None
             except (EOFError, OSError):
                 answer = None
             if answer is None:
-                self.broken = True
+                self.broken = self.broken or not (deadline.cancelled() and self.process.is_alive())
                 return None
             self.outstanding -= 1
-            if self._stale:
+            self._out_bytes.popleft()
+            if self._stale > 0:
                 self._stale -= 1
                 continue
             if isinstance(answer, str):
@@ -247,13 +269,21 @@ class Scanner:
 
     def stop(self) -> None:
         """Ask the process to exit (kill it when it does not)."""
-        with suppress(OSError):
-            self.connection.send(None)
+        if self.broken or self.outstanding:
+            self.process.kill()  # it may be stuck: a request to stop could wait behind its pieces
+        else:
+            with suppress(OSError):
+                self.connection.send(None)
         self.connection.close()
         self.process.join(_STOP_SECONDS)
         if self.process.is_alive():
             self.process.kill()
             self.process.join()
+
+
+def _wire_bytes(piece: Piece) -> int:
+    # The pickled piece: its byte strings and a little framing.
+    return len(piece.lines) + len(piece.previous) + len(piece.query) + len(piece.package_dir) + 512
 
 
 class Pipeline:
@@ -264,17 +294,20 @@ class Pipeline:
         self.scanners = scanners
         # Set anew by each call that picks a parked pipeline up.
         self.deadline = deadline
-        self._capacity = depth * len(scanners)
+        self._depth = depth
         self._out: deque[tuple[Piece, Scanner]] = deque()
         self.out_bytes = 0
 
     def room(self) -> bool:
-        """Whether another piece may go out."""
-        return len(self._out) < self._capacity
+        """Whether a scanner has fewer than `depth` pieces out (stale ones counted)."""
+        return any(not scanner.broken and scanner.outstanding < self._depth for scanner in self.scanners)
 
     def send(self, piece: Piece) -> bool:
-        """Hand `piece` to the least busy scanner; False when that failed."""
-        scanner = min(self.scanners, key=lambda candidate: candidate.outstanding)
+        """Hand `piece` to the least busy scanner it fits; False when none takes it now, or sending failed."""
+        ready = [s for s in self.scanners if s.outstanding < self._depth and s.takes(piece)]
+        if not ready:
+            return False
+        scanner = min(ready, key=lambda candidate: candidate.outstanding)
         if not scanner.send(piece):
             return False
         self._out.append((piece, scanner))
@@ -288,6 +321,10 @@ class Pipeline:
         piece, scanner = self._out.popleft()
         self.out_bytes -= len(piece.lines)
         answer = scanner.receive(self.deadline)
+        if answer is None and scanner.broken:
+            # Past the deadline the others' pieces may be stuck too: none of them is lent again.
+            for other in self.scanners:
+                other.broken = other.broken or other.outstanding > 0
         return None if answer is None else (piece, answer)
 
     @property
@@ -305,7 +342,8 @@ class Parked(NamedTuple):
     the next page of the same search: `key` is what the answers depend on (package, manifest, query,
     limits), `row` and `previous` where the next page starts; `head` the answered piece the page ended
     in and the index of its first row not taken; `sent` and `before` where the next piece starts and
-    the line before it; `ratio` the text bytes per manifest byte seen so far."""
+    the line before it; `ratio` the text bytes per manifest byte seen so far; `sent_by` how many pieces
+    each of the pipeline's scanners had been sent when the page parked (another page's since: dropped)."""
 
     key: Hashable
     row: int
@@ -315,6 +353,7 @@ class Parked(NamedTuple):
     sent: int
     before: bytes
     ratio: float
+    sent_by: tuple[int, ...]
 
 
 class Lent(NamedTuple):
@@ -326,68 +365,79 @@ class Lent(NamedTuple):
 
 class Scanners:
     """The service's scanner processes, lent to one search page at a time (a page that finds none idle,
-    because other searches hold them, scans in its own thread). Thread-safe."""
+    because other searches hold them, scans in its own thread). Thread-safe: a page takes the parked
+    read-ahead and the idle scanners together, and gives them back together, under one lock."""
 
     def __init__(self, count: int) -> None:
         # forkserver: the service runs gRPC threads, which a plain fork would copy mid-flight.
         self._context = multiprocessing.get_context("forkserver")
-        self._idle: queue.SimpleQueue[Scanner] = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._idle: list[Scanner] = [Scanner(self._context) for _ in range(count)]
         self._closed = False
         self._parked: Parked | None = None
-        for _ in range(count):
-            self._idle.put(Scanner(self._context))
 
     @contextmanager
     def borrow(self, key: Hashable, row: int, previous: int) -> Iterator[Lent]:
         """Every idle scanner (possibly none), returned when the block ends; with the parked page when
-        it was parked by this search (`key`) for a page starting at `row` after `previous`. Any other
-        parked page is dropped (its answers are skipped as stale)."""
+        it was parked by this search (`key`) for a page starting at `row` after `previous`, and no
+        other page used its scanners since. Any other parked page is dropped (its answers are skipped
+        as stale)."""
         with self._lock:
             parked, self._parked = self._parked, None
-        taken: list[Scanner] = []
-        while True:
-            try:
-                taken.append(self._idle.get_nowait())
-            except queue.Empty:
-                break
-        if parked is not None and not (
-            parked.key == key
-            and (parked.row, parked.previous) == (row, previous)
-            and all(scanner in taken and not scanner.broken for scanner in parked.pipeline.scanners)
-        ):
+            taken, self._idle = self._idle, []
+        if parked is not None and not _continues(parked, key, row, previous, taken):
             parked = None
         for scanner in taken:
-            scanner.lend(parked.pipeline.out_on(scanner) if parked is not None else 0)
+            if not scanner.lend(parked.pipeline.out_on(scanner) if parked is not None else 0):
+                parked = None
+        if parked is None:
+            for scanner in taken:
+                scanner.lend()
         try:
             yield Lent(taken, parked)
         finally:
-            for scanner in taken:
-                self._give_back(scanner)
+            self._give_back(taken)
 
     def park(self, parked: Parked) -> None:
         """Keep a page's read-ahead for the next page of its search (the last parked wins)."""
         with self._lock:
             self._parked = parked
 
-    def _give_back(self, scanner: Scanner) -> None:
+    def _give_back(self, scanners: list[Scanner]) -> None:
+        kept: list[Scanner] = []
+        for scanner in scanners:
+            if not (scanner.broken or not scanner.process.is_alive()):
+                kept.append(scanner)
+                continue
+            scanner.stop()
+            try:
+                kept.append(Scanner(self._context))
+            except Exception:
+                logger.exception("a search scanner could not be replaced; searches have one less")
         with self._lock:
             closed = self._closed
-        if closed or scanner.broken or not scanner.process.is_alive():
-            scanner.process.kill()
-            scanner.stop()
-            if closed:
-                return
-            scanner = Scanner(self._context)
-        self._idle.put(scanner)
+            if not closed:
+                self._idle.extend(kept)
+        if closed:
+            for scanner in kept:
+                scanner.stop()
 
     def close(self) -> None:
         """Stop every idle scanner; borrowed ones stop when they are given back."""
         with self._lock:
             self._closed = True
-        while True:
-            try:
-                scanner = self._idle.get_nowait()
-            except queue.Empty:
-                return
+            idle, self._idle = self._idle, []
+        for scanner in idle:
             scanner.stop()
+
+
+def _continues(parked: Parked, key: Hashable, row: int, previous: int, taken: list[Scanner]) -> bool:
+    """Whether a page starting at `row` after `previous` of search `key` continues `parked`: its scanners
+    all lent now, unbroken, and sent nothing since it parked."""
+    scanners = parked.pipeline.scanners
+    return (
+        parked.key == key
+        and (parked.row, parked.previous) == (row, previous)
+        and all(scanner in taken and not scanner.broken for scanner in scanners)
+        and tuple(scanner.sent for scanner in scanners) == parked.sent_by
+    )

@@ -252,20 +252,8 @@ class _Scan:
                 stop, previous, at = self._take(piece, answer, previous, first)
                 if stop is not None:
                     if stop.reason == _BUDGET:
-                        # Read ahead: the next page's first pieces go out now, while this page is answered.
-                        self._send(out, descriptor, stream.size, SCAN_BYTES)
-                        row, before_row = stop.position.row, stop.position.previous
-                        scanners.park(
-                            Parked(
-                                key,
-                                row,
-                                before_row,
-                                (piece, answer, at),
-                                out.pipeline,
-                                out.sent,
-                                out.before,
-                                self.ratio,
-                            )
+                        self._read_ahead(
+                            scanners, key, stop.position, out, (piece, answer, at), descriptor, stream.size
                         )
                     return stop
                 offset = piece.offset + len(piece.lines)
@@ -275,6 +263,23 @@ class _Scan:
                 answered_lines += len(piece.lines)
                 answered_text += sum(answer.sizes)
                 self.ratio = max(1.0, answered_text / answered_lines)
+
+    def _read_ahead(
+        self,
+        scanners: Scanners,
+        key: Hashable,
+        where: Position,
+        out: _Out,
+        head: tuple[Piece, Prescan, int],
+        descriptor: int,
+        size: int,
+    ) -> None:
+        """A page ended at its budget at `where`: the next page's first pieces go out now, while this page
+        is answered, and are parked with the rest of `head` (the answered piece it ended in) for it."""
+        self._send(out, descriptor, size, SCAN_BYTES)
+        sent_by = tuple(scanner.sent for scanner in out.pipeline.scanners)
+        pipeline, sent, before = out.pipeline, out.sent, out.before
+        scanners.park(Parked(key, where.row, where.previous, head, pipeline, sent, before, self.ratio, sent_by))
 
     def _send(self, out: _Out, descriptor: int, size: int, budget: int) -> None:
         """Send pieces while there is room and what is out is expected to hold less than `budget`."""

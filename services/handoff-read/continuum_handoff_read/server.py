@@ -41,7 +41,8 @@ async def start(settings: HandoffReadSettings, clock: Clock | None = None) -> Gr
         settings.transcript_address, token, settings.call_timeout_seconds, settings.grpc_max_message_bytes
     )
     merge = MergeClient(settings.merge_address, token, settings.call_timeout_seconds, settings.grpc_max_message_bytes)
-    scanners = Scanners(settings.resolved_search_scanners())
+    count = settings.resolved_search_scanners()
+    scanners = Scanners(count) if count else None
     binder = Binder(transcript, merge, settings.resolved_package_root(), settings.ready_max_bytes)
     servicer = HandoffReadServicer(
         binder,
@@ -53,7 +54,8 @@ async def start(settings: HandoffReadSettings, clock: Clock | None = None) -> Gr
     )
 
     async def stop_scanners() -> None:
-        await asyncio.to_thread(scanners.close)
+        if scanners is not None:
+            await asyncio.to_thread(scanners.close)
 
     def register(server: GuardedServer) -> list[str]:
         api_grpc.add_HandoffReadServiceServicer_to_server(servicer, server)

@@ -7,7 +7,9 @@ import json
 import multiprocessing
 import os
 import signal
-from collections.abc import Iterator
+import time
+from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
@@ -17,8 +19,9 @@ from package_testing import TEXT_PART_BYTES, PackageBuilder
 
 from continuum_handoff_read import search as search_module
 from continuum_handoff_read.deadline import Deadline
+from continuum_handoff_read.errors import BudgetExceeded
 from continuum_handoff_read.results import ToolResult
-from continuum_handoff_read.scanners import Scanners
+from continuum_handoff_read.scanners import Lent, Scanners
 from continuum_handoff_read.tool import execute
 from continuum_runtime.clock import SystemClock
 
@@ -47,12 +50,17 @@ def every_match(package: Path, version: str, scanners: Scanners | None, **argume
 @pytest.fixture
 def package(tmp_path: Path) -> tuple[Path, str, int]:
     """Records of one to four parts with the needle planted inside parts and across every kind of cut."""
-    builder = PackageBuilder(tmp_path / "op-pieces")
+    return build_package(tmp_path / "op-pieces")
+
+
+def build_package(directory: Path, seed: int = 0) -> tuple[Path, str, int]:
+    """The package of the `package` fixture in `directory` (another `seed`: other record sizes)."""
+    builder = PackageBuilder(directory)
     builder.session("a", "a")
     needle = NEEDLE.encode()
     planted = 0
     for index in range(60):
-        body = bytearray(b"filler words and more filler " * ((1 + index % 4) * TEXT_PART_BYTES // 29))
+        body = bytearray(b"filler words and more filler " * ((1 + (index + seed) % 4) * TEXT_PART_BYTES // 29))
         if index % 3 == 0:
             cut = TEXT_PART_BYTES * (1 + index % 2) - len(needle) // 2  # across a cut
             body[cut : cut + len(needle)] = needle
@@ -146,8 +154,21 @@ def test_pages_read_ahead_are_picked_up_only_by_the_next_page_of_the_same_search
     root, version, _ = package
     scanners, _ = own_scanners
     monkeypatch.setattr(search_module, "SCAN_BYTES", 5 * TEXT_PART_BYTES)
+    picked_up: list[bool] = []
+    borrow = Scanners.borrow
+
+    @contextmanager
+    def recording(self: Scanners, key: Hashable, row: int, previous: int) -> Iterator[Lent]:
+        with borrow(self, key, row, previous) as lent:
+            picked_up.append(lent.parked is not None)
+            yield lent
+
+    monkeypatch.setattr(Scanners, "borrow", recording)
     alone = {query: every_page(root, version, scanners, query) for query in (NEEDLE, OTHER)}
     assert min(len(pages) for pages in alone.values()) > 10
+    # Paging alone, every page but each search's first picked up the read-ahead of the page before.
+    assert picked_up == [False, *[True] * (len(alone[NEEDLE]) - 1), False, *[True] * (len(alone[OTHER]) - 1)]
+    picked_up.clear()
     for query, pages in alone.items():
         found = [(entry.ref, entry.text) for p in pages for entry in p.entries]
         assert found
@@ -166,6 +187,8 @@ def test_pages_read_ahead_are_picked_up_only_by_the_next_page_of_the_same_search
             pages.append(again)
     for query in (NEEDLE, OTHER):
         assert [(p.entries, p.next_cursor) for p in turns[query]] == [(p.entries, p.next_cursor) for p in alone[query]]
+    # In turns, no page picked up a read-ahead: the other search's page always came in between.
+    assert not any(picked_up)
 
 
 def every_page(package: Path, version: str, scanners: Scanners, query: str) -> list[ToolResult]:
@@ -174,3 +197,57 @@ def every_page(package: Path, version: str, scanners: Scanners, query: str) -> l
     while not pages[-1].complete:
         pages.append(page(package, version, scanners, query, pages[-1].next_cursor))
     return pages
+
+
+def test_a_parked_read_ahead_is_never_picked_up_after_another_page_used_its_scanners(
+    package: tuple[Path, str, int],
+    own_scanners: tuple[Scanners, list[BaseProcess]],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """The race a lock prevents, forced: a page of another search runs on the scanners after a page parked
+    and before the park is looked at (as if it had borrowed them just before the park). The next page of
+    the first search must not take the other page's answers for its own."""
+    root, version, _ = package
+    scanners, _ = own_scanners
+    monkeypatch.setattr(search_module, "SCAN_BYTES", 5 * TEXT_PART_BYTES)
+    alone = every_page(root, version, scanners, NEEDLE)
+    other_root, other_version, _ = build_package(tmp_path / "op-other", seed=1)
+    first = page(root, version, scanners, NEEDLE)
+    parked = scanners._parked
+    assert parked is not None
+    scanners._parked = None
+    # A page of another package ending at its budget: as many pieces out as the parked page had.
+    assert not page(other_root, other_version, scanners, NEEDLE).complete
+    scanners._parked = parked
+    with scanners.borrow(parked.key, parked.row, parked.previous) as lent:
+        assert lent.parked is None  # its scanners were sent another page's pieces since
+    scanners._parked = parked
+    second = page(root, version, scanners, NEEDLE, first.next_cursor)
+    assert (second.entries, second.next_cursor) == (alone[1].entries, alone[1].next_cursor)
+
+
+def test_scanners_stuck_past_the_deadline_end_the_page_in_time_and_are_replaced(
+    package: tuple[Path, str, int], own_scanners: tuple[Scanners, list[BaseProcess]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, version, _ = package
+    scanners, processes = own_scanners
+    alone = every_match(root, version, None)
+    for process in processes:
+        assert process.pid is not None
+        os.kill(process.pid, signal.SIGSTOP)
+    try:
+        given = json.dumps({"action": "search", "query": NEEDLE})
+        started = time.monotonic()
+        with pytest.raises(BudgetExceeded):
+            execute(root, version, given, cursor_key=KEY, deadline=Deadline(SystemClock(), 1.0), scanners=scanners)
+        assert time.monotonic() - started < 10
+    finally:
+        for process in processes:
+            if process.pid is not None and process.is_alive():
+                os.kill(process.pid, signal.SIGCONT)
+    # The stuck ones were replaced: the next searches use new scanners and answer as the thread does.
+    assert every_match(root, version, scanners) == alone
+    with scanners.borrow(None, -1, -1) as lent:
+        assert len(lent.scanners) == 2
+        assert not {scanner.process.pid for scanner in lent.scanners} & {process.pid for process in processes}

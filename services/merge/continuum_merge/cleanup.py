@@ -158,14 +158,23 @@ def _left_over(operation: Operation, present: bool) -> bool:
     return present or operation.claim_id is not None or operation.stage == "publishing"
 
 
+async def _uncleaned(database: Database, after: str, now_ms: int) -> list[Operation]:
+    async with database.connection() as connection:
+        return await store.cancelled_uncleaned(connection, after, now_ms, SWEEP_PAGE)
+
+
+async def _nothing_left(database: Database, operation_id: str, now_ms: int) -> None:
+    async with database.transaction() as connection:
+        await store.mark_cleaned(connection, operation_id, now_ms)
+
+
 async def sweep_cancelled(database: Database, transcript: TranscriptClient, package_root: Path, clock: Clock) -> int:
     """Finish the cleanup of every cancelled operation not cleaned yet whose writer stopped; how many held
     something. Each is marked cleaned, so a sweep reads only what was cancelled since the last one."""
     cleaned = 0
     after = ""
     while True:
-        async with database.connection() as connection:
-            page = await store.cancelled_uncleaned(connection, after, clock.now_ms(), SWEEP_PAGE)
+        page = await finish_before_stopping(_uncleaned(database, after, clock.now_ms()))
         if not page:
             return cleaned
         for operation in page:
@@ -174,8 +183,7 @@ async def sweep_cancelled(database: Database, transcript: TranscriptClient, pack
                 await cleanup_cancelled(transcript, database, clock, operation, package)
                 cleaned += 1
             else:
-                async with database.transaction() as connection:
-                    await store.mark_cleaned(connection, operation.operation_id, clock.now_ms())
+                await finish_before_stopping(_nothing_left(database, operation.operation_id, clock.now_ms()))
         after = page[-1].operation_id
 
 

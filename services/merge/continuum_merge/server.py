@@ -164,7 +164,7 @@ async def start(
         settings,
         register=register,
         tracer_provider=tracer_provider(SERVICE_NAME, settings.trace_exporter),
-        cleanups=[stop_tasks, transcript.close, provider.aclose, database.dispose],
+        cleanups=[database.dispose, provider.aclose, transcript.close, stop_tasks],
         drains=drains,
     )
     if isinstance(signals, Worker):

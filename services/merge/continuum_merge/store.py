@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import RowMapping, and_, case, delete, func, or_, select, update
+from sqlalchemy import RowMapping, and_, case, delete, func, literal_column, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from continuum.merge.v1 import error_code_pb2
@@ -761,7 +761,8 @@ async def cancelled_uncleaned(connection: AsyncConnection, after: str, now_ms: i
     query = (
         select(table)
         .where(
-            table.c.status == "cancelled",
+            # Spelled as in the partial index's predicate (a bound parameter would not match it).
+            table.c.status == literal_column("'cancelled'"),
             table.c.cleaned_ms.is_(None),
             or_(table.c.lease_owner.is_(None), table.c.lease_expire_ms <= now_ms),
             table.c.operation_id > after,
@@ -779,7 +780,7 @@ async def mark_cleaned(connection: AsyncConnection, operation_id: str, now_ms: i
     statement = (
         update(table)
         .where(table.c.operation_id == operation_id, table.c.status == "cancelled", table.c.cleaned_ms.is_(None))
-        .values(cleaned_ms=now_ms)
+        .values(cleaned_ms=now_ms, update_ms=now_ms)
     )
     await connection.execute(statement)
 

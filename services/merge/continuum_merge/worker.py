@@ -36,6 +36,7 @@ from continuum_merge.pipeline import Pipeline, Sealed, SplitNeeded, StageStop
 from continuum_merge.settings import MergeSettings
 from continuum_merge.store import Fence, Operation
 from continuum_merge.transcript_client import HeldClaim, TargetSpec, TranscriptClient
+from continuum_runtime.cancellation import finish_before_stopping
 from continuum_runtime.clock import Clock
 from continuum_runtime.database import Database
 from continuum_runtime.provider import ProviderError
@@ -612,10 +613,22 @@ async def cleanup_cancelled(
     a publish the cancel beat removed (it was never published: the operation never completed), and its
     directory; then the operation is marked cleaned."""
     await transcript.release_holder_claims(holder(operation.operation_id))
-    async with database.transaction() as connection:
-        await store.forget_claim(connection, operation.operation_id, clock.now_ms())
+    await finish_before_stopping(_forget_claim(database, operation.operation_id, clock.now_ms()))
     if operation.stage == "publishing":
         await transcript.delete_session(operation.owner, operation.target_session_id)
     await asyncio.to_thread(shutil.rmtree, package, ignore_errors=True)
+    # Marked only once its directory is gone: a writer whose lease ran out may still have been writing
+    # (the next sweep tries again).
+    if not await asyncio.to_thread(package.exists):
+        await finish_before_stopping(_mark_cleaned(database, operation.operation_id, clock.now_ms()))
+
+
+# Short database steps of a cleanup: a sweeper stopped meanwhile lets them finish.
+async def _forget_claim(database: Database, operation_id: str, now_ms: int) -> None:
     async with database.transaction() as connection:
-        await store.mark_cleaned(connection, operation.operation_id, clock.now_ms())
+        await store.forget_claim(connection, operation_id, now_ms)
+
+
+async def _mark_cleaned(database: Database, operation_id: str, now_ms: int) -> None:
+    async with database.transaction() as connection:
+        await store.mark_cleaned(connection, operation_id, now_ms)
