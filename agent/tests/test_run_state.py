@@ -64,6 +64,16 @@ async def left_running(agent: AgentStack, session_id: str) -> None:
     )
 
 
+async def a_stop_clears_the_stale_running(agent: AgentStack, watcher: Watcher, session_id: str) -> None:
+    """The RUNNING `left_running` published is seen; a stop finds no turn of its own and publishes IDLE."""
+    assert _state(await watcher.state(RUNNING)).run_id == "run-killed"
+
+    assert not await agent.stop_turn(session_id)
+
+    idle = await watcher.state(IDLE)
+    assert dict(idle.batch.runtime_state.details) == {"outcome": "stopped"}
+
+
 def _state(frame: tapi.FollowResponse) -> fpb.RuntimeState:
     return frame.batch.runtime_state if frame.WhichOneof("frame") == "batch" else frame.snapshot_runtime.runtime_state
 
@@ -148,12 +158,7 @@ async def test_a_stop_with_no_turn_running_clears_a_running_state_a_killed_agent
     await left_running(agent, "s1")
     watcher = Watcher(agent, "s1")
     try:
-        assert _state(await watcher.state(RUNNING)).run_id == "run-killed"
-
-        assert not await agent.stop_turn("s1")
-
-        idle = await watcher.state(IDLE)
-        assert dict(idle.batch.runtime_state.details) == {"outcome": "stopped"}
+        await a_stop_clears_the_stale_running(agent, watcher, "s1")
     finally:
         watcher.close()
     # The claim taken for that write is released.
@@ -192,12 +197,7 @@ async def test_a_stop_while_a_merge_or_compaction_holds_the_session_still_publis
     assert claim_id is not None
     watcher = Watcher(agent, "s1")
     try:
-        assert _state(await watcher.state(RUNNING)).run_id == "run-killed"
-
-        assert not await agent.stop_turn("s1")
-
-        idle = await watcher.state(IDLE)
-        assert dict(idle.batch.runtime_state.details) == {"outcome": "stopped"}
+        await a_stop_clears_the_stale_running(agent, watcher, "s1")
         # The merge's or compaction's claim is untouched: a RUN claim still cannot be taken.
         assert await agent.try_claim("s1") is None
     finally:
