@@ -50,6 +50,7 @@ async def finish_before_stopping(call: Awaitable[T]) -> T:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
         await asyncio.wait([task])
+        _log_dropped(task, ())  # the stop goes on; a failure of the step is logged, not lost
         raise
 
 

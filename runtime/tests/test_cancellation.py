@@ -86,3 +86,23 @@ async def test_a_failure_after_the_caller_left_is_logged_unless_expected(
         await asyncio.sleep(0)
     logged = [record for record in caplog.records if record.name == "continuum.cancellation"]
     assert len(logged) == (0 if expected else 1)
+
+
+async def test_a_step_failing_after_its_loop_was_stopped_is_logged_and_the_stop_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    release = asyncio.Event()
+
+    async def step() -> None:
+        await release.wait()
+        raise ValueError("broken")
+
+    loop = asyncio.create_task(finish_before_stopping(step()))
+    await asyncio.sleep(0.01)
+    loop.cancel()
+    await asyncio.sleep(0.01)
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(loop, 5)
+    logged = [record for record in caplog.records if record.name == "continuum.cancellation"]
+    assert len(logged) == 1 and logged[0].exc_info is not None
