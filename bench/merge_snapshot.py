@@ -13,6 +13,11 @@ attachment files, timed in the same run (twice; the faster counts).
     .venv/bin/python bench/merge_snapshot.py [--database-url postgresql://postgres@host:5432/postgres]
         [--history-mib 1024]
 
+The package is written under TMPDIR. On an ext4 without a journal, creating files just after a mass
+delete on the same file system (a test run, another benchmark's cleanup) rescans the recently freed
+inodes on every create and can cost most of the seal's CPU: point TMPDIR at a directory nothing was
+deleted from lately (`TMPDIR=/work/benchtmp`) for figures that measure merge, not that scan.
+
 Result: value = history MiB/s of the seal, baseline = history MiB/s of COPY | sha256sum (+ attachments),
 ratio = value / baseline, target: ratio >= 0.5, with rss_mib (peak RSS of the merge process, target
 < 256) and rss_quarter_mib (the same at a quarter of the history); seal_cpu_seconds and
