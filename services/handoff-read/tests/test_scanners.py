@@ -20,8 +20,9 @@ from package_testing import TEXT_PART_BYTES, PackageBuilder
 from continuum_handoff_read import search as search_module
 from continuum_handoff_read.deadline import Deadline
 from continuum_handoff_read.errors import BudgetExceeded
+from continuum_handoff_read.files import PackageFiles
 from continuum_handoff_read.results import ToolResult
-from continuum_handoff_read.scanners import Lent, Scanners
+from continuum_handoff_read.scanners import Lent, Piece, Prescan, Scanners, prescan
 from continuum_handoff_read.tool import execute
 from continuum_runtime.clock import SystemClock
 
@@ -251,3 +252,36 @@ def test_scanners_stuck_past_the_deadline_end_the_page_in_time_and_are_replaced(
     with scanners.borrow(None, -1, -1) as lent:
         assert len(lent.scanners) == 2
         assert not {scanner.process.pid for scanner in lent.scanners} & {process.pid for process in processes}
+
+
+def test_a_pieces_first_row_continuing_a_part_it_cannot_see_is_left_to_the_reader(tmp_path: Path) -> None:
+    """A piece whose first row is part 1 of a record: with the line naming part 0 before it, the scanner
+    carries part 0's tail and flags nothing without a match; without it, it flags the row for the reader
+    (which knows the part before)."""
+    builder = PackageBuilder(tmp_path / "op-first-row")
+    builder.session("a", "a")
+    ref = builder.message("a", 1, b"x" * (3 * TEXT_PART_BYTES))
+    builder.finish()
+    files = PackageFiles(tmp_path / "op-first-row")
+    try:
+        stream = (tmp_path / "op-first-row" / "snapshot" / "files.jsonl").read_bytes()
+        lines = stream.split(b"\n")
+        first, second = (
+            index
+            for index, line in enumerate(lines)
+            if f"{ref}-0.txt".encode() in line or f"{ref}-1.txt".encode() in line
+        )
+        offset = sum(len(line) + 1 for line in lines[:second])
+        rest = b"".join(line + b"\n" for line in lines[second:] if line)
+        buffer = bytearray(1024 * 1024 + 64)
+
+        def scanned(previous: bytes) -> Prescan:
+            piece = Piece(
+                str(tmp_path / "op-first-row"), files.identity(), offset, rest, previous, b"NOWHERE", 1024 * 1024
+            )
+            return prescan(piece, files, buffer)
+
+        assert scanned(lines[first]).flagged == []
+        assert scanned(b"").flagged == [0]
+    finally:
+        files.close()
