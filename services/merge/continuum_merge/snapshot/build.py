@@ -6,7 +6,7 @@ Records are deduplicated by identity and version against the raw files already w
 is the set). A source that is
 itself a completed merge target contributes its own package's originals first, keeping their identity
 and version, then its messages. The seal is: every stream closed, manifest.json and seal.json written,
-the whole staging tree made durable at once (`sync_file_system`), staging/ renamed to snapshot/ and the
+the whole staging tree made durable at once (`TreeSync`), staging/ renamed to snapshot/ and the
 package directory synced.
 """
 
@@ -52,11 +52,11 @@ from continuum_merge.snapshot.records import (
 from continuum_merge.snapshot.verify import iter_jsonl, verify_snapshot
 from continuum_merge.snapshot.writer import (
     PackageWriter,
+    TreeSync,
     disk_free,
     fresh_directory,
     pin_allocator_threshold,
     sync_directory,
-    sync_file_system,
 )
 from continuum_runtime.wire_names import MERGE_OPERATION_METADATA_KEY
 
@@ -96,6 +96,27 @@ async def build_snapshot(
     pin_allocator_threshold()
     staging = package_dir / STAGING
     await asyncio.to_thread(fresh_directory, staging)
+    # Watching for write-back errors from before the first file is written until the seal's sync.
+    tree = await asyncio.to_thread(TreeSync, staging)
+    try:
+        return await _write_and_seal(
+            reader, sources, package_dir, version, tree, failpoint, disk_reserve_bytes, free_space
+        )
+    finally:
+        tree.close()
+
+
+async def _write_and_seal(
+    reader: SourceReader,
+    sources: Sequence[SourceCut],
+    package_dir: Path,
+    version: int,
+    tree: TreeSync,
+    failpoint: Callable[[str], None],
+    disk_reserve_bytes: int,
+    free_space: Callable[[Path], int],
+) -> SealedSnapshot:
+    staging = package_dir / STAGING
     writer = await asyncio.to_thread(PackageWriter, staging, disk_reserve_bytes, free_space)
     try:
         for source in sources:
@@ -121,12 +142,14 @@ async def build_snapshot(
         "byteCount": writer.byte_count,
         "blockingRecordRefs": writer.blocking,
     }
-    sealed = await asyncio.to_thread(_seal, package_dir, manifest, failpoint)
+    sealed = await asyncio.to_thread(_seal, package_dir, manifest, tree, failpoint)
     failpoint(AFTER_SEAL)
     return sealed
 
 
-def _seal(package_dir: Path, manifest: dict[str, Any], failpoint: Callable[[str], None]) -> SealedSnapshot:
+def _seal(
+    package_dir: Path, manifest: dict[str, Any], tree: TreeSync, failpoint: Callable[[str], None]
+) -> SealedSnapshot:
     staging = package_dir / STAGING
     manifest_bytes = json.dumps(manifest, sort_keys=True, ensure_ascii=False, indent=1).encode()
     snapshot_hash = sha256_hex(manifest_bytes)
@@ -135,7 +158,7 @@ def _seal(package_dir: Path, manifest: dict[str, Any], failpoint: Callable[[str]
         with (staging / name).open("xb") as handle:
             handle.write(data)
     # Every file and directory entry of staging/ on disk before the rename makes it the snapshot.
-    sync_file_system(staging)
+    tree.sync()
     failpoint(BEFORE_SEAL)
     snapshot = package_dir / SNAPSHOT
     if snapshot.exists():

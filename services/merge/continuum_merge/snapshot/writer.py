@@ -3,7 +3,7 @@ the free disk checked against the reserve before anything is written. Blocking I
 methods in a worker thread.
 
 Files are written without an fsync each: the seal makes the whole staging tree durable at once with
-`sync_file_system` before its rename. An fsync per file costs the file's data, its inode and its
+`TreeSync` before its rename. An fsync per file costs the file's data, its inode and its
 directory's blocks as separate synchronous writes plus a cache flush, tens of microseconds of CPU and
 more of waiting for each of the ~55,000 files of a GiB of history; one syncfs writes them in large
 batches and flushes once, with the same guarantee (every byte on disk before the rename)."""
@@ -312,21 +312,28 @@ def fresh_directory(path: Path) -> None:
     path.mkdir(parents=True)
 
 
-def sync_file_system(path: Path) -> None:
-    """Write everything of the file system holding `path` to disk and flush the disk's cache: Linux's
-    syncfs(2), which since 5.8 reports any write-back error on that file system since `path` was
-    opened, so a file whose bytes failed to reach the disk fails the seal as its fsync would have.
-    Where libc has no syncfs, every file and directory under `path` is fsynced instead."""
-    if _SYNCFS is None:
-        _sync_tree(path)
-        return
-    descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        if _SYNCFS(descriptor) != 0:
+class TreeSync:
+    """Makes a staging tree durable at once: Linux's syncfs(2) on the file system holding it, which since
+    5.8 reports a write-back error met on that file system since this was opened, so a file whose bytes
+    failed to reach the disk fails the seal as its fsync would have. Open it before the first file is
+    written (an error met earlier, and already reported to another process, would not be). Where libc
+    has no syncfs, `sync` fsyncs every file and directory of the tree instead."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def sync(self) -> None:
+        """Everything of the tree on disk, the disk's cache flushed; OSError when write-back failed."""
+        if _SYNCFS is None:
+            _sync_tree(self._path)
+        elif _SYNCFS(self._descriptor) != 0:
             error = ctypes.get_errno()
-            raise OSError(error, os.strerror(error), str(path))
-    finally:
-        os.close(descriptor)
+            raise OSError(error, os.strerror(error), str(self._path))
+
+    def close(self) -> None:
+        """Release the descriptor."""
+        os.close(self._descriptor)
 
 
 def _sync_tree(directory: Path) -> None:
