@@ -84,9 +84,9 @@ class GuardedServer:
                             inner(request, context), expected=(ServiceError, grpc.aio.AbortError)
                         )
                     return await inner(request, context)
+                except grpc.aio.AbortError:
+                    raise
                 except Exception as error:
-                    if isinstance(error, grpc.aio.AbortError):
-                        raise
                     await abort_with(context, _log_failure(method, error))
 
             return _rebuild(handler, unary)
@@ -99,9 +99,9 @@ class GuardedServer:
             try:
                 async for response in inner_stream(request, context):
                     yield response
+            except grpc.aio.AbortError:
+                raise
             except Exception as error:
-                if isinstance(error, grpc.aio.AbortError):
-                    raise
                 await abort_with(context, _log_failure(method, error))
 
         return _rebuild(handler, streaming)
