@@ -34,6 +34,12 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+def described(error: BaseException) -> dict[str, Any]:
+    """What a log line says of `error` (its type and frames, and its causes'), for an error met in
+    another process and logged here: never its message."""
+    return _exception(type(error), error, error.__traceback__)
+
+
 def _exception(kind: type[BaseException], error: BaseException | None, trace: TracebackType | None) -> dict[str, Any]:
     """The exception's type and frames, then its causes' (innermost last).
 

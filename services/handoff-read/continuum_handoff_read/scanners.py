@@ -27,7 +27,6 @@ import os
 import signal
 import socket
 import threading
-import traceback
 from collections import deque
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -39,6 +38,7 @@ from continuum_handoff_read.deadline import Deadline
 from continuum_handoff_read.errors import PackageDamaged
 from continuum_handoff_read.files import PackageFiles
 from continuum_handoff_read.manifest import TEXT_PARTS, TextPart, text_part
+from continuum_runtime.logs import described
 
 logger = logging.getLogger("continuum.handoff_read")
 
@@ -187,9 +187,10 @@ def _serve(connection: Connection) -> None:
             files = packages.get(piece)
             answer = Prescan([], [], [], piece.offset) if files is None else prescan(piece, files, buffer)
             connection.send(answer)
-        except Exception:
-            # A programming error: the reader logs it (with its frames) and scans the page itself.
-            connection.send(traceback.format_exc())
+        except Exception as error:
+            # A programming error: the reader logs it (its frames, never its message, which may quote
+            # package text) and scans the page itself.
+            connection.send(described(error))
 
 
 class Scanner:
@@ -260,9 +261,9 @@ class Scanner:
             if self._stale > 0:
                 self._stale -= 1
                 continue
-            if isinstance(answer, str):
+            if isinstance(answer, dict):
                 self.broken = True
-                logger.error("a search scanner failed; the page is scanned in the reader's thread\n%s", answer)
+                logger.error("a search scanner failed; the page is scanned in the reader's thread", extra=answer)
                 return None
             prescanned: Prescan = answer
             return prescanned

@@ -285,3 +285,27 @@ def test_a_pieces_first_row_continuing_a_part_it_cannot_see_is_left_to_the_reade
         assert scanned(b"").flagged == [0]
     finally:
         files.close()
+
+
+def test_a_scanners_programming_error_is_logged_with_its_frames_and_never_its_message(
+    package: tuple[Path, str, int], own_scanners: tuple[Scanners, list[BaseProcess]], caplog: pytest.LogCaptureFixture
+) -> None:
+    root, _, _ = package
+    scanners, _ = own_scanners
+    files = PackageFiles(root)
+    try:
+        lines = (root / "snapshot" / "files.jsonl").read_bytes()
+        # A query of the wrong type fails inside the scanner with a TypeError naming it.
+        broken = Piece(str(root), files.identity(), 0, lines, b"", "a str query", 1024 * 1024)  # type: ignore[arg-type]
+        with scanners.borrow(None, -1, -1) as lent:
+            scanner = lent.scanners[0]
+            assert scanner.send(broken)
+            assert scanner.receive(Deadline(SystemClock())) is None
+            assert scanner.broken
+    finally:
+        files.close()
+    [record] = [r for r in caplog.records if r.name == "continuum.handoff_read" and "scanner failed" in r.getMessage()]
+    assert record.exception == "TypeError"  # type: ignore[attr-defined]
+    assert any(frame["function"] == "prescan" for frame in record.frames)  # type: ignore[attr-defined]
+    # The TypeError's message ("... bytes-like object, not 'str'") stays out of the log.
+    assert "bytes-like" not in str(record.__dict__)
