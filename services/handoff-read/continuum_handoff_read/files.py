@@ -76,12 +76,16 @@ class PackageFiles:
             ) from error
         self._openat2 = _SYSCALL is not None
         self._directories: dict[str, int] = {"": self._root}
+        # Read once: the descriptor names the same directory for as long as it is open.
+        self._identity: tuple[int, int] | None = None
 
     def identity(self) -> tuple[int, int]:
         """The device and inode of the package directory as opened (another process checks that it
         opened the same one)."""
-        status = os.fstat(self._root)
-        return status.st_dev, status.st_ino
+        if self._identity is None:
+            status = os.fstat(self._root)
+            self._identity = status.st_dev, status.st_ino
+        return self._identity
 
     def close(self) -> None:
         """Release the package directory's descriptors."""

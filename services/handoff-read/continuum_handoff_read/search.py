@@ -45,6 +45,7 @@ from continuum_handoff_read.manifest import (
     Line,
     Package,
     RecordRow,
+    Stream,
     TextPart,
     detail_row,
     file_row,
@@ -205,16 +206,17 @@ class _Scan:
             resumed = start.at or start.skip
             with scanners.borrow(key, -1 if resumed else start.row, start.previous) as lent:
                 if lent.scanners:
-                    return self._records_in_parallel(start, lent, scanners, key)
+                    return self._records_in_parallel(start, stream, lent, scanners, key)
         return self._records_here(start)
 
-    def _records_in_parallel(self, start: Position, lent: Lent, scanners: Scanners, key: Hashable) -> _Stop | None:
+    def _records_in_parallel(
+        self, start: Position, stream: Stream, lent: Lent, scanners: Scanners, key: Hashable
+    ) -> _Stop | None:
         """Scan the text parts from `start` on with scanners: pieces of files.jsonl go out while what they
         are expected to hold fits the page's budget, and come back in order; the parts a scanner flags
         (and a row it could not take, from where this thread goes on alone) are scanned here as
         `_records_here` scans them. A page ending at its budget sends the next page's first pieces and
         parks them: the next page of this search picks their answers up."""
-        stream = self.package.stream(FILES)
         offset = start.row
         previous = _Previous(-1, b"", 0)
         if start.previous >= 0:
@@ -299,8 +301,9 @@ class _Scan:
         offsets, sizes = answer.offsets, answer.sizes
         done = first
         for index in [*(flag for flag in answer.flagged if flag >= first), len(offsets)]:
-            if self.scanned + sum(sizes[done:index]) <= SCAN_BYTES:
-                self.scanned += sum(sizes[done:index])
+            clean = sum(sizes[done:index])
+            if self.scanned + clean <= SCAN_BYTES:
+                self.scanned += clean
                 if index > done:
                     previous = _Previous(offsets[index - 1], piece.lines, offsets[index - 1] - piece.offset)
             else:
