@@ -35,6 +35,10 @@ from continuum_runtime.errors import ErrorDetails, error_details
 from continuum_runtime.server import GrpcService
 
 OWNER = "alice"
+# An operation as the store tests admit it (see `admitted`).
+PARAMETERS = store.Parameters(("a", "b"), "a", "", "")
+EXECUTION = store.Execution("model", "title", "/work", "primary-model")
+NOW = 1_700_000_000_000
 OTHER = "bob"
 
 
@@ -200,3 +204,20 @@ def conflict_operation(error: grpc.aio.AioRpcError) -> pb.MergeOperation:
             detail.Unpack(operation)
             return operation
     raise AssertionError("the conflict carries no MergeOperation")
+
+
+async def admitted(
+    database: Database, owner: str = OWNER, key: str = "k", operation_id: str = "op1", now_ms: int = NOW
+) -> None:
+    """Insert an operation of `owner` straight through the store, as StartMerge admits one."""
+    async with database.transaction() as connection:
+        assert await store.insert_operation(
+            connection,
+            operation_id=operation_id,
+            owner=owner,
+            idempotency_key=key,
+            parameters=PARAMETERS,
+            target_session_id=f"target-{operation_id}",
+            execution=EXECUTION,
+            now_ms=now_ms,
+        )

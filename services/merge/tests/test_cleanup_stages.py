@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 from deadline_testing import eventually
-from merge_testing import OWNER, MergeStack, running_merge, running_merge_service
+from merge_testing import MergeStack, admitted, running_merge, running_merge_service
 from sqlalchemy import update
 from stages_testing import FAST, Hold, merge_env, merged_sessions, two_sources
 from transcript_testing import running_transcript
@@ -24,7 +24,6 @@ from continuum_merge import store
 from continuum_merge.cleanup import remove_package_of_deleted_target, sweep_cancelled
 from continuum_merge.server import open_transcript
 from continuum_merge.snapshot import verify_snapshot
-from continuum_merge.store import Execution, Parameters
 from continuum_merge.tables import session_merges
 from continuum_merge.worker import UNIT_BEFORE_COMMIT
 from continuum_runtime.clock import SystemClock
@@ -192,19 +191,8 @@ async def test_the_sweeper_cleans_each_cancelled_operation_once_including_one_wh
         root = stack.settings.resolved_package_root()
         leases = {"op-free": (None, None), "op-dead": ("dead-replica", clock.now_ms() - 1), "op-live": ("live", 2**62)}
         for operation_id, (owner, expire_ms) in leases.items():
+            await admitted(stack.database, key=operation_id, operation_id=operation_id, now_ms=clock.now_ms())
             async with stack.database.transaction() as connection:
-                parameters = Parameters(("a", "b"), "a", "", "")
-                execution = Execution("model", "title", "/work", "model")
-                assert await store.insert_operation(
-                    connection,
-                    operation_id=operation_id,
-                    owner=OWNER,
-                    idempotency_key=operation_id,
-                    parameters=parameters,
-                    target_session_id=f"target-{operation_id}",
-                    execution=execution,
-                    now_ms=clock.now_ms(),
-                )
                 await connection.execute(
                     update(session_merges)
                     .where(session_merges.c.operation_id == operation_id)

@@ -12,21 +12,19 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from merge_testing import EXECUTION, NOW, PARAMETERS, admitted
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from continuum_merge import store
 from continuum_merge.server import MIGRATIONS_DIR
-from continuum_merge.store import Execution, Fence, NewUnit, Parameters
+from continuum_merge.store import Fence, NewUnit
 from continuum_merge.tables import metadata
 from continuum_runtime import migrations
 from continuum_runtime.database import Database
 
-NOW = 1_700_000_000_000
 TTL = 10_000
-PARAMETERS = Parameters(("a", "b"), "a", "", "")
-EXECUTION = Execution("model", "title", "/work", "primary-model")
 
 
 @pytest.fixture
@@ -35,20 +33,6 @@ async def database(database_url: str) -> AsyncIterator[Database]:
     await migrations.upgrade(migrated, MIGRATIONS_DIR)
     yield migrated
     await migrated.dispose()
-
-
-async def admitted(database: Database, owner: str = "alice", key: str = "k", operation_id: str = "op1") -> None:
-    async with database.transaction() as connection:
-        assert await store.insert_operation(
-            connection,
-            operation_id=operation_id,
-            owner=owner,
-            idempotency_key=key,
-            parameters=PARAMETERS,
-            target_session_id=f"target-{operation_id}",
-            execution=EXECUTION,
-            now_ms=NOW,
-        )
 
 
 async def load(database: Database, operation_id: str = "op1") -> store.Operation:
