@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 
 from continuum_agent import SERVICE_NAME
 from continuum_agent.server import start
 from continuum_agent.settings import AgentSettings
 from continuum_runtime.logs import configure_logging
-from continuum_runtime.server import serve
+from continuum_runtime.server import run, serve
 
 
 async def _serve(settings: AgentSettings) -> None:
@@ -24,7 +23,7 @@ def main() -> None:
     parser.parse_args()
     settings = AgentSettings()
     configure_logging(settings.log_level, SERVICE_NAME)
-    asyncio.run(_serve(settings))
+    run(_serve(settings))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from continuum_compaction.errors import CompactionError
 from continuum_compaction.server import migrate, open_database, open_transcript, start
 from continuum_compaction.settings import CompactionSettings
 from continuum_runtime.logs import configure_logging
-from continuum_runtime.server import serve
+from continuum_runtime.server import run, serve
 
 
 async def _serve(settings: CompactionSettings) -> None:
@@ -46,7 +46,7 @@ def main() -> None:
     settings = CompactionSettings()
     configure_logging(settings.log_level, SERVICE_NAME)
     if arguments.command == "serve":
-        asyncio.run(_serve(settings))
+        run(_serve(settings))
     elif arguments.command == "migrate":
         asyncio.run(migrate(settings))
     else:

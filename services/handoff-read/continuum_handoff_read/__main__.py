@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 
 from continuum_handoff_read import SERVICE_NAME
 from continuum_handoff_read.server import start
 from continuum_handoff_read.settings import HandoffReadSettings
 from continuum_runtime.logs import configure_logging
-from continuum_runtime.server import serve
+from continuum_runtime.server import run, serve
 
 
 async def _serve(settings: HandoffReadSettings) -> None:
@@ -24,7 +23,7 @@ def main() -> None:
     parser.parse_args()
     settings = HandoffReadSettings()
     configure_logging(settings.log_level, SERVICE_NAME)
-    asyncio.run(_serve(settings))
+    run(_serve(settings))
 
 
 if __name__ == "__main__":

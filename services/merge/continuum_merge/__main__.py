@@ -14,7 +14,7 @@ from continuum_merge.server import migrate, open_database, open_transcript, star
 from continuum_merge.settings import MergeSettings
 from continuum_runtime.clock import SystemClock
 from continuum_runtime.logs import configure_logging
-from continuum_runtime.server import serve
+from continuum_runtime.server import run, serve
 
 
 async def _serve(settings: MergeSettings) -> None:
@@ -47,7 +47,7 @@ def main() -> None:
     settings = MergeSettings()
     configure_logging(settings.log_level, SERVICE_NAME)
     if arguments.command == "serve":
-        asyncio.run(_serve(settings))
+        run(_serve(settings))
     elif arguments.command == "migrate":
         asyncio.run(migrate(settings))
     else:

@@ -9,7 +9,7 @@ import sys
 
 from continuum_runtime.clock import SystemClock
 from continuum_runtime.logs import configure_logging
-from continuum_runtime.server import serve
+from continuum_runtime.server import run, serve
 from continuum_transcript import SERVICE_NAME, turns
 from continuum_transcript.server import migrate, open_database, start
 from continuum_transcript.settings import TranscriptSettings
@@ -41,7 +41,7 @@ def main() -> None:
     settings = TranscriptSettings()
     configure_logging(settings.log_level, SERVICE_NAME)
     if arguments.command == "serve":
-        asyncio.run(_serve(settings))
+        run(_serve(settings))
     elif arguments.command == "migrate":
         asyncio.run(migrate(settings))
     else:
