@@ -186,7 +186,10 @@ async def test_the_sweeper_cleans_each_cancelled_operation_once_including_one_wh
     """A cancelled operation without a lease, one whose writer's lease ran out (killed mid-run) and one a
     live writer still holds: the sweep cleans the first two (the one cancelled while publishing too) and
     marks them, so the next sweep reads and cleans nothing; the live writer's is left to it."""
-    async with running_merge(tmp_path, database_url, overrides={**FAST, "cancel_sweep_seconds": 3600}) as stack:
+    # Neither the service's own sweeper nor its worker looks meanwhile: the worker would take the operations
+    # while they are still preparing, between their insert and their cancel below.
+    idle = {**FAST, "cancel_sweep_seconds": 3600, "worker_poll_seconds": 3600}
+    async with running_merge(tmp_path, database_url, overrides=idle) as stack:
         clock = SystemClock()
         root = stack.settings.resolved_package_root()
         leases = {"op-free": (None, None), "op-dead": ("dead-replica", clock.now_ms() - 1), "op-live": ("live", 2**62)}
