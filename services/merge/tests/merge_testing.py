@@ -15,6 +15,7 @@ from google.protobuf import duration_pb2
 from google.rpc import status_pb2
 from grpc_status import rpc_status
 from pydantic import SecretStr
+from sqlalchemy import update
 from transcript_testing import SERVICE_TOKEN, TranscriptClient, append, running_transcript, user
 
 from continuum.merge.v1 import merge_service_pb2 as api
@@ -26,6 +27,7 @@ from continuum_merge import store
 from continuum_merge.pipeline import Pipeline
 from continuum_merge.server import start
 from continuum_merge.settings import MergeSettings
+from continuum_merge.tables import session_merges
 from continuum_merge.worker import Failpoint
 from continuum_runtime.auth import call_metadata
 from continuum_runtime.channels import open_channel
@@ -207,9 +209,15 @@ def conflict_operation(error: grpc.aio.AioRpcError) -> pb.MergeOperation:
 
 
 async def admitted(
-    database: Database, owner: str = OWNER, key: str = "k", operation_id: str = "op1", now_ms: int = NOW
+    database: Database,
+    owner: str = OWNER,
+    key: str = "k",
+    operation_id: str = "op1",
+    now_ms: int = NOW,
+    changes: Mapping[str, object] | None = None,
 ) -> None:
-    """Insert an operation of `owner` straight through the store, as StartMerge admits one."""
+    """Insert an operation of `owner` straight through the store, as StartMerge admits one, with `changes`
+    to its row made in the same transaction (so a running worker never sees it as only admitted)."""
     async with database.transaction() as connection:
         assert await store.insert_operation(
             connection,
@@ -221,3 +229,7 @@ async def admitted(
             execution=EXECUTION,
             now_ms=now_ms,
         )
+        if changes:
+            await connection.execute(
+                update(session_merges).where(session_merges.c.operation_id == operation_id).values(**changes)
+            )

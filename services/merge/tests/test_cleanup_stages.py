@@ -13,7 +13,6 @@ from pathlib import Path
 
 from deadline_testing import eventually
 from merge_testing import MergeStack, admitted, running_merge, running_merge_service
-from sqlalchemy import update
 from stages_testing import FAST, Hold, merge_env, merged_sessions, two_sources
 from transcript_testing import running_transcript
 
@@ -24,7 +23,6 @@ from continuum_merge import store
 from continuum_merge.cleanup import remove_package_of_deleted_target, sweep_cancelled
 from continuum_merge.server import open_transcript
 from continuum_merge.snapshot import verify_snapshot
-from continuum_merge.tables import session_merges
 from continuum_merge.worker import UNIT_BEFORE_COMMIT
 from continuum_runtime.clock import SystemClock
 
@@ -186,27 +184,22 @@ async def test_the_sweeper_cleans_each_cancelled_operation_once_including_one_wh
     """A cancelled operation without a lease, one whose writer's lease ran out (killed mid-run) and one a
     live writer still holds: the sweep cleans the first two (the one cancelled while publishing too) and
     marks them, so the next sweep reads and cleans nothing; the live writer's is left to it."""
-    # Neither the service's own sweeper nor its worker looks meanwhile: the worker would take the operations
-    # while they are still preparing, between their insert and their cancel below.
-    idle = {**FAST, "cancel_sweep_seconds": 3600, "worker_poll_seconds": 3600}
-    async with running_merge(tmp_path, database_url, overrides=idle) as stack:
+    async with running_merge(tmp_path, database_url, overrides={**FAST, "cancel_sweep_seconds": 3600}) as stack:
         clock = SystemClock()
         root = stack.settings.resolved_package_root()
         leases = {"op-free": (None, None), "op-dead": ("dead-replica", clock.now_ms() - 1), "op-live": ("live", 2**62)}
         for operation_id, (owner, expire_ms) in leases.items():
-            await admitted(stack.database, key=operation_id, operation_id=operation_id, now_ms=clock.now_ms())
-            async with stack.database.transaction() as connection:
-                await connection.execute(
-                    update(session_merges)
-                    .where(session_merges.c.operation_id == operation_id)
-                    .values(
-                        status="cancelled",
-                        stage="publishing" if operation_id == "op-free" else "extracting",
-                        active_slot=None,
-                        lease_owner=owner,
-                        lease_expire_ms=expire_ms,
-                    )
-                )
+            # Cancelled as it is inserted: the service's worker must never take one as merely admitted.
+            cancelled = {
+                "status": "cancelled",
+                "stage": "publishing" if operation_id == "op-free" else "extracting",
+                "active_slot": None,
+                "lease_owner": owner,
+                "lease_expire_ms": expire_ms,
+            }
+            await admitted(
+                stack.database, key=operation_id, operation_id=operation_id, now_ms=clock.now_ms(), changes=cancelled
+            )
             (root / operation_id / "work").mkdir(parents=True)
         client = open_transcript(stack.settings)
         try:
