@@ -185,18 +185,35 @@ def test_a_short_write_is_resumed_where_it_stopped(tmp_path: Path, monkeypatch: 
     assert (tmp_path / "file").read_bytes() == b"abcdefghijk"
 
 
+def test_more_pieces_than_one_writev_takes_are_all_written(tmp_path: Path) -> None:
+    pieces = [f"{number}\n".encode() for number in range(3 * writer.IOV_MAX)]
+    descriptor = os.open(tmp_path / "file", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        writer._write_all(descriptor, pieces)
+    finally:
+        os.close(descriptor)
+    assert (tmp_path / "file").read_bytes() == b"".join(pieces)
+
+
+def _joined_parts(pieces: list[bytes]) -> list[bytes]:
+    return [b"".join(part) for part in utf8_parts(pieces)]
+
+
 def test_text_parts_end_on_code_point_boundaries() -> None:
     text = ("a" * 32767 + "€" + "🙂" * 10000).encode()
-    parts = list(utf8_parts(text))
+    parts = _joined_parts([text])
     assert b"".join(parts) == text
     assert all(0 < len(part) <= 32 * 1024 for part in parts)
     assert parts[0] == b"a" * 32767  # the euro sign (3 bytes) would have crossed the limit
     assert [part.decode() for part in parts]
-    assert list(utf8_parts(b"")) == [b""]
-    # A view is cut into views of the same bytes.
-    views = list(utf8_parts(memoryview(text)))
-    assert all(isinstance(view, memoryview) for view in views)
-    assert [bytes(view) for view in views] == parts
+    assert _joined_parts([b""]) == [b""] and _joined_parts([]) == [b""]
+    # Parts are views of the pieces (nothing copied).
+    assert all(isinstance(view, memoryview) for part in utf8_parts([text]) for view in part)
+    # The same text in pieces (each valid UTF-8) is cut at the same places, across the pieces' edges.
+    pieces = [b"a" * 32000, b"\n", ("€" * 300).encode(), b"", ("🙂" * 9000).encode(), b"b" * 32768, b"\n"]
+    assert _joined_parts(pieces) == _joined_parts([b"".join(pieces)])
+    exact = [b"x" * 32768, b"y" * 32768]
+    assert _joined_parts(exact) == exact
 
 
 def _canonical(value: object) -> bytes:

@@ -10,9 +10,9 @@ package) is one record, and an edited message is another.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 from google.protobuf import json_format
@@ -26,9 +26,6 @@ NON_SEMANTIC_METADATA = frozenset({"usage", "handoffOrigin"})
 EDIT_DIFF_SCHEMA = "edit-diff/v1"
 EDIT_DIFF_DISPLAY_KEY = "structuredResult"
 
-# UTF-8 bytes, or a view of them.
-Utf8 = TypeVar("Utf8", bytes, memoryview)
-
 MESSAGE = "message"
 SESSION = "session"
 EXTRACT = "extract"
@@ -36,6 +33,7 @@ REFERENCE = "reference"
 # Saved but not readable by this merge (seed 000 §4.2): the raw record is kept, nothing of it reaches a
 # model, and the merge pauses RECORD_REQUIRES_HANDLING once the snapshot is sealed.
 BLOCKED = "blocked"
+NEWLINE = b"\n"
 
 
 def canonical(value: object) -> bytes:
@@ -79,7 +77,9 @@ class PreparedRecord:
     # The raw JSON in consecutive pieces (written one after the other, never joined: a message's
     # content is most of its bytes, and is serialized once for both its version and its raw record).
     raw: tuple[bytes, ...]
-    text: bytes
+    # The text projection in consecutive pieces too: each line and its newline, never joined (a long
+    # tool output would otherwise be copied three times more: joined, the last newline added, encoded).
+    text: tuple[bytes, ...]
 
 
 def _struct(value: Any) -> dict[str, Any]:
@@ -166,9 +166,9 @@ def prepare_message(message: tpb.Message, root_session_id: str) -> PreparedRecor
     pieces = (before, content_json, after)
     if why:
         text = f"[{role} message {message.message_id} of session {message.session_id}, not readable: {why}]\n"
-        return PreparedRecord(ref, origin, role, created_at, BLOCKED, pieces, text.encode())
-    text = _message_text(message.message_id, message.session_id, role, status, content, tool_calls, metadata)
-    return PreparedRecord(ref, origin, role, created_at, EXTRACT, pieces, text.encode())
+        return PreparedRecord(ref, origin, role, created_at, BLOCKED, pieces, (text.encode(),))
+    text_pieces = _message_text(message.message_id, message.session_id, role, status, content, tool_calls, metadata)
+    return PreparedRecord(ref, origin, role, created_at, EXTRACT, pieces, text_pieces)
 
 
 def _message_text(
@@ -179,7 +179,7 @@ def _message_text(
     content: list[dict[str, Any]],
     tool_calls: list[dict[str, str]],
     metadata: dict[str, Any],
-) -> str:
+) -> tuple[bytes, ...]:
     lines = [
         f"[{role} message {message_id} of session {session_id}{', interrupted' if status == 'INTERRUPTED' else ''}]"
     ]
@@ -195,7 +195,8 @@ def _message_text(
     shown = projected_metadata(metadata)
     if shown:
         lines.append("[metadata] " + canonical(shown).decode())
-    return "\n".join(lines) + "\n"
+    # Every line followed by its newline: the bytes of "\n".join(lines) + "\n".
+    return tuple(piece for line in lines for piece in (line.encode(), NEWLINE))
 
 
 def projected_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
@@ -232,20 +233,30 @@ def prepare_session(session: tpb.Session, last_message_id: int) -> PreparedRecor
         f"title: {session.title}\nmodel: {session.model}\nworking directory: {session.working_directory}\n"
         f"copied up to message {last_message_id}\n"
     )
-    return PreparedRecord(ref, origin, "reference", created_at, REFERENCE, (canonical(raw),), text.encode())
+    return PreparedRecord(ref, origin, "reference", created_at, REFERENCE, (canonical(raw),), (text.encode(),))
 
 
-def utf8_parts(data: Utf8, limit: int = TEXT_PART_BYTES) -> Iterator[Utf8]:
-    """`data` (valid UTF-8) in consecutive parts of at most `limit` bytes, each ending on a code point
-    boundary (a cut never lands before a continuation byte). Empty text is one empty part. The parts of
-    a memoryview are views of it (nothing copied)."""
-    if not data:
-        yield data
-        return
-    start = 0
-    while start < len(data):
-        end = min(start + limit, len(data))
-        while end < len(data) and data[end] & 0xC0 == 0x80:
-            end -= 1
-        yield data[start:end]
-        start = end
+def utf8_parts(pieces: Sequence[bytes], limit: int = TEXT_PART_BYTES) -> list[list[memoryview]]:
+    """The bytes of `pieces` one after the other (each piece valid UTF-8 by itself) in consecutive parts
+    of at most `limit` bytes, each ending on a code point boundary (a cut never lands before a
+    continuation byte; a piece's first byte never is one). Empty text is one empty part. Each part is
+    views of the pieces: nothing is copied."""
+    parts: list[list[memoryview]] = []
+    part: list[memoryview] = []
+    room = limit
+    for piece in pieces:
+        view = memoryview(piece)
+        while len(view) > room:
+            end = room
+            while view[end] & 0xC0 == 0x80:
+                end -= 1
+            if end:
+                part.append(view[:end])
+            parts.append(part)
+            part, room, view = [], limit, view[end:]
+        if view:
+            part.append(view)
+            room -= len(view)
+    if part or not parts:
+        parts.append(part)
+    return parts

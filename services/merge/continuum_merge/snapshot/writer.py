@@ -44,6 +44,8 @@ WRITER_THREADS = 2
 # Files one writer task creates in turn: few tasks for the many small records, yet a long message's
 # parts spread over the threads.
 FILES_PER_TASK = 16
+# The most buffers one writev takes (a text part of a message of many short lines is many pieces).
+IOV_MAX = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 16
 
 
 # glibc's mallopt parameter and the size from which allocations are always their own mapping: the
@@ -204,9 +206,9 @@ class PackageWriter:
         submitted: list[_PendingRecord] = []
         for record, assets in batch:
             ref = record.record_ref
-            # The text parts are views of the record's text: cut without copying a byte.
+            # The text parts are views of the record's text pieces: cut without copying a byte.
             files: list[tuple[str, Sequence[bytes | memoryview]]] = [(raw_path(ref), record.raw)]
-            files += [(text_path(ref, part), (data,)) for part, data in enumerate(utf8_parts(memoryview(record.text)))]
+            files += [(text_path(ref, part), pieces) for part, pieces in enumerate(utf8_parts(record.text))]
             self.reserve(sum(len(piece) for _, pieces in files for piece in pieces))
             tasks = [
                 self._pool.submit(_write_files, self.staging, files[start : start + FILES_PER_TASK])
@@ -293,10 +295,10 @@ def _write_files(staging: Path, files: Sequence[tuple[str, Sequence[bytes | memo
 
 
 def _write_all(descriptor: int, pieces: Sequence[bytes | memoryview]) -> None:
-    """writev every byte of `pieces`, resuming after a short write."""
+    """writev every byte of `pieces` (at most IOV_MAX of them per call), resuming after a short write."""
     remaining = [memoryview(piece) for piece in pieces if piece]
     while remaining:
-        done = os.writev(descriptor, remaining)
+        done = os.writev(descriptor, remaining[:IOV_MAX])
         while remaining and done >= len(remaining[0]):
             done -= len(remaining.pop(0))
         if remaining:
