@@ -162,6 +162,9 @@ class PackageWriter:
 
     def __init__(self, staging: Path, reserve_bytes: int, free_space: Callable[[Path], int] = disk_free) -> None:
         self.staging = staging
+        # The staging directory as a string prefix: the paths of each record's files are joined to it
+        # as strings (a Path per file costs more than its stat or open).
+        self._prefix = f"{staging}{os.sep}"
         self._reserve_bytes = reserve_bytes
         self._free_space = free_space
         self._unchecked = RESERVE_CHECK_BYTES  # look at the disk before the first byte
@@ -194,11 +197,11 @@ class PackageWriter:
     def has_record(self, record_ref: str) -> bool:
         """Whether a record with this identity and version is already in the package (the raw file is
         the set: nothing per record is held in memory)."""
-        return record_ref in self._pending_refs or (self.staging / raw_path(record_ref)).exists()
+        return record_ref in self._pending_refs or os.path.exists(self._prefix + raw_path(record_ref))
 
     def has_asset(self, sha256: str) -> bool:
         """Whether bytes with this digest are already in assets/."""
-        return (self.staging / asset_path(sha256)).exists()
+        return os.path.exists(self._prefix + asset_path(sha256))
 
     def open_asset(self) -> AssetCopy:
         """A scratch file for incoming attachment bytes."""
@@ -218,7 +221,7 @@ class PackageWriter:
             files += [(text_path(ref, part), pieces) for part, pieces in enumerate(utf8_parts(record.text))]
             self.reserve(sum(len(piece) for _, pieces in files for piece in pieces))
             tasks = [
-                self._pool.submit(_write_files, self.staging, files[start : start + FILES_PER_TASK])
+                self._pool.submit(_write_files, self._prefix, files[start : start + FILES_PER_TASK])
                 for start in range(0, len(files), FILES_PER_TASK)
             ]
             submitted.append((record, assets, tasks))
@@ -286,13 +289,13 @@ class PackageWriter:
             stream.close()
 
 
-def _write_files(staging: Path, files: Sequence[tuple[str, Sequence[bytes | memoryview]]]) -> list[tuple[int, str]]:
-    """Create each (package path, pieces of its bytes) of `files` (none may exist yet); their sizes and
-    sha256s. Plain descriptors: one open, writev and close per file, nothing buffered or copied on the
-    way."""
+def _write_files(prefix: str, files: Sequence[tuple[str, Sequence[bytes | memoryview]]]) -> list[tuple[int, str]]:
+    """Create each (package path, pieces of its bytes) of `files` under `prefix` (the staging directory
+    and a separator; none may exist yet); their sizes and sha256s. Plain descriptors: one open, writev
+    and close per file, nothing buffered or copied on the way."""
     written: list[tuple[int, str]] = []
     for path, pieces in files:
-        descriptor = os.open(staging / path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        descriptor = os.open(prefix + path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
         try:
             _write_all(descriptor, pieces)
         finally:
