@@ -52,16 +52,16 @@ def session(row: RowMapping) -> pb.Session:
     )
 
 
-def content_part(part: dict[str, Any], media_types: dict[str, str]) -> pb.ContentPart:
-    """One stored content part."""
+def content_part(part: dict[str, Any], media_types: dict[str, str], into: pb.ContentPart) -> None:
+    """One stored content part, written into `into` (an empty part already inside its message: a part
+    built on its own would be copied once more into the message, text and all)."""
     if "attachment" in part:
         attachment_id = part["attachment"]["attachment_id"]
-        return pb.ContentPart(
-            attachment=pb.AttachmentReference(
-                attachment_id=attachment_id, media_type=media_types.get(attachment_id, "")
-            )
-        )
-    return pb.ContentPart(text=part["text"])
+        into.attachment.SetInParent()
+        into.attachment.attachment_id = attachment_id
+        into.attachment.media_type = media_types.get(attachment_id, "")
+    else:
+        into.text = part["text"]
 
 
 def message(
@@ -85,7 +85,8 @@ def message(
         message.preview = row["preview"]
         return message
     known = media_types or {}
-    message.content.extend(content_part(part, known) for part in row["content"])
+    for part in row["content"]:
+        content_part(part, known, message.content.add())
     message.tool_calls.extend(pb.ToolCall(**call) for call in row["tool_calls"])
     message.metadata.CopyFrom(struct(row["metadata"]))
     return message
