@@ -286,3 +286,31 @@ async def test_a_history_rewritten_after_the_cut_is_not_spliced(tmp_path: Path, 
             sources.reader, await sources.cuts("a"), tmp_path / "op", version=2, disk_reserve_bytes=0
         )
     assert sealed.record_count == 2  # the session and the edited message: the cut after the edit
+
+
+def test_free_memory_is_handed_back_once_resident_memory_grew_past_the_slack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    resident = [100 * MIB]
+    trims: list[int] = []
+    monkeypatch.setattr(writer, "resident_bytes", lambda: resident[0])
+    monkeypatch.setattr(writer, "release_free_memory", lambda: trims.append(resident[0]))
+    package = writer.PackageWriter(tmp_path / "staging", 0)
+    try:
+        package.add_records([])
+        resident[0] += writer.TRIM_SLACK_BYTES
+        package.add_records([])
+        assert trims == []
+        resident[0] += 1
+        package.add_records([])
+        assert trims == [100 * MIB + writer.TRIM_SLACK_BYTES + 1]
+        # The level is measured again after the trim: the slack counts from there.
+        package.add_records([])
+        assert len(trims) == 1
+        # Without /proc/self/statm every batch is followed by a trim.
+        resident[0] = 0
+        package.add_records([])
+        package.add_records([])
+        assert len(trims) == 3
+    finally:
+        package.close()

@@ -37,12 +37,12 @@ from continuum_merge.snapshot.records import PreparedRecord, canonical, utf8_par
 
 # Free space is asked again after at most this many bytes were written since the last look.
 RESERVE_CHECK_BYTES = 4 * 1024 * 1024
-# The allocator's free pages are handed back once this many bytes of records were prepared since the
-# last time. Every page handed back is faulted in (and zeroed) again by the next buffer that uses it:
-# trimmed after every page (~2 MiB) the copy spent a fifth of its CPU in page faults. Trimmed every
-# 16 MiB it takes a third fewer faults, and the peak RSS stays flat in the history's size (measured:
-# 101-104 MiB for a quarter of 256 MiB, 108 MiB for the whole; 93-100 MiB trimmed every page).
-TRIM_BYTES = 16 * 1024 * 1024
+# The allocator's free pages are handed back once the process's resident memory grew this much past
+# what it was after the last time. Every page handed back is faulted in (and zeroed) again by the next
+# buffer that uses it: trimmed after every page (~2 MiB) the copy spent a fifth of its CPU in page
+# faults. Bounded this way the resident memory stays within this many bytes of its trimmed level, which
+# is flat in the history's size, whatever the sizes of the messages.
+TRIM_SLACK_BYTES = 8 * 1024 * 1024
 STREAM_BUFFER_BYTES = 1024 * 1024
 # Creating a file takes its directory's lock, and every text part goes to text/: more threads than
 # cores spin on that lock (measured: 8 threads cost 3x the system time of 2 for the same files).
@@ -62,6 +62,7 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
 
 
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 _LIBC = ctypes.CDLL(None, use_errno=True)
 # syncfs(2) is Linux's; elsewhere the seal fsyncs the staging tree file by file.
 _SYNCFS = getattr(_LIBC, "syncfs", None)
@@ -75,11 +76,25 @@ def release_free_memory() -> None:
         trim(0)
 
 
+def resident_bytes() -> int:
+    """This process's resident memory (Linux's /proc/self/statm); 0 where there is no such file."""
+    try:
+        descriptor = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        fields = os.read(descriptor, 256).split()
+    finally:
+        os.close(descriptor)
+    return int(fields[1]) * PAGE_BYTES
+
+
 def pin_allocator_threshold() -> None:
     """Fix glibc's mmap threshold at MMAP_THRESHOLD_BYTES (by default it moves as large blocks are
     freed, so whether the copy's stream of 32 KiB-2 MiB buffers lands on the heap is left to chance,
     which fragments it and makes the process's memory creep with the history's size; fixed and trimmed
-    every TRIM_BYTES, it stays flat). A process-wide setting, harmless elsewhere; a no-op without glibc."""
+    whenever the resident memory grew TRIM_SLACK_BYTES, it stays flat). A process-wide setting,
+    harmless elsewhere; a no-op without glibc."""
     mallopt = getattr(_LIBC, "mallopt", None)
     if mallopt is not None:
         mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
@@ -181,7 +196,7 @@ class PackageWriter:
         self._pool = ThreadPoolExecutor(max_workers=WRITER_THREADS, thread_name_prefix="snapshot-writer")
         self._pending: list[_PendingRecord] = []
         self._pending_refs: set[str] = set()
-        self._untrimmed = 0
+        self._trimmed_resident = resident_bytes()
 
     def reserve(self, upcoming: int) -> None:
         """Refuse to write `upcoming` more bytes once the free space, less what was written since the
@@ -228,10 +243,10 @@ class PackageWriter:
         self.flush()
         self._pending = submitted
         self._pending_refs = {record.record_ref for record, _, _ in submitted}
-        self._untrimmed += sum(len(piece) for record, _, _ in submitted for piece in record.raw)
-        if self._untrimmed >= TRIM_BYTES:
-            self._untrimmed = 0
+        resident = resident_bytes()
+        if resident == 0 or resident > self._trimmed_resident + TRIM_SLACK_BYTES:
             release_free_memory()
+            self._trimmed_resident = resident_bytes()
 
     def flush(self) -> None:
         """Wait for the files of the records in flight and write their files rows and records lines."""
