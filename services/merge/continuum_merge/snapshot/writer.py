@@ -42,7 +42,7 @@ RESERVE_CHECK_BYTES = 4 * 1024 * 1024
 # buffer that uses it: trimmed after every page (~2 MiB) the copy spent a fifth of its CPU in page
 # faults. Bounded this way the resident memory stays within this many bytes of its trimmed level, which
 # is flat in the history's size, whatever the sizes of the messages.
-TRIM_SLACK_BYTES = 8 * 1024 * 1024
+TRIM_SLACK_BYTES = 4 * 1024 * 1024
 STREAM_BUFFER_BYTES = 1024 * 1024
 # Creating a file takes its directory's lock, and every text part goes to text/: more threads than
 # cores spin on that lock (measured: 8 threads cost 3x the system time of 2 for the same files).
