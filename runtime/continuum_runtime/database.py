@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sqlite3
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -13,10 +15,12 @@ from typing import Any
 from sqlalchemy import Table, event, make_url
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
-from sqlalchemy.util import greenlet_spawn
+from sqlalchemy.util import await_, greenlet_spawn
 
 # How long `dispose` waits for connections still in use.
 DISPOSE_WAIT_SECONDS = 5.0
+# How long a SQLite connection waits for another process's lock (busy_timeout), in seconds.
+SQLITE_BUSY_SECONDS = 10.0
 
 
 def is_sqlite(url: str) -> bool:
@@ -108,6 +112,27 @@ def _private_sqlite_file(url: str) -> None:
         os.close(os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
+def _use_wal(cursor: Any) -> None:
+    """Put the SQLite file in WAL mode (a property of the file: once one connection switched it, the
+    others find it so).
+
+    Switching takes the file's exclusive lock. A connection that asks while it reads the file and
+    another connection holds the writer lock (a migration run next door, or a second process switching
+    the same new file) is refused at once with "database is locked": SQLite does not wait on its busy
+    timeout where waiting could deadlock. It asks again here, for as long as the busy timeout would have
+    waited, without blocking the event loop.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_SECONDS
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() >= deadline:
+                raise
+        await_(asyncio.sleep(0.05))
+
+
 def _create_engine(url: str, *, schema: str, pool_size: int) -> AsyncEngine:
     if is_sqlite(url):
         _private_sqlite_file(url)
@@ -120,7 +145,9 @@ def _create_engine(url: str, *, schema: str, pool_size: int) -> AsyncEngine:
             dbapi_connection.isolation_level = None
             cursor = dbapi_connection.cursor()
             # busy_timeout first: switching to WAL itself needs the lock another process may hold.
-            for pragma in ("busy_timeout=10000", "journal_mode=WAL", "foreign_keys=ON", "synchronous=NORMAL"):
+            cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_SECONDS * 1000)}")
+            _use_wal(cursor)
+            for pragma in ("foreign_keys=ON", "synchronous=NORMAL"):
                 cursor.execute(f"PRAGMA {pragma}")
             cursor.close()
 

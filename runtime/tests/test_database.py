@@ -4,6 +4,7 @@ that waits for connections still in use."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from pathlib import Path
 
 import asyncpg
@@ -77,3 +78,31 @@ async def test_dispose_gives_up_waiting_after_its_bound(tmp_path: Path) -> None:
     assert not holder.done()
     release.set()
     await holder
+
+
+async def test_a_connection_waits_to_switch_a_file_to_wal_while_another_holds_the_writer_lock(
+    tmp_path: Path,
+) -> None:
+    """Switching a new file to WAL while another process holds its writer lock is refused at once
+    (SQLite's deadlock rule skips the busy timeout): the connection asks again until the lock is free."""
+    path = tmp_path / "db.sqlite"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("CREATE TABLE t (x INTEGER)")
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("INSERT INTO t VALUES (1)")
+    database = Database(f"sqlite+aiosqlite:///{path}", schema="main")
+    try:
+        connecting = asyncio.create_task(_read(database))
+        await asyncio.sleep(0.3)
+        assert not connecting.done()  # still waiting, not refused
+        holder.execute("COMMIT")
+        assert await asyncio.wait_for(connecting, 5) == "wal"
+    finally:
+        holder.close()
+        await database.dispose()
+
+
+async def _read(database: Database) -> str:
+    async with database.connection() as connection:
+        mode = await connection.scalar(text("PRAGMA journal_mode"))
+    return str(mode)
