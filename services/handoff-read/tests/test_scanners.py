@@ -134,7 +134,10 @@ def test_a_search_finding_every_scanner_lent_scans_in_its_own_thread(
     alone = every_match(root, version, None)
     with scanners.borrow(None, -1, -1) as lent:
         assert len(lent.scanners) == 2
+        sent = [scanner.sent for scanner in lent.scanners]
         assert every_match(root, version, scanners) == alone
+        # Nothing went to the lent scanners: the search scanned in its own thread.
+        assert [scanner.sent for scanner in lent.scanners] == sent
 
 
 def page(package: Path, version: str, scanners: Scanners | None, query: str, cursor: str = "") -> ToolResult:
