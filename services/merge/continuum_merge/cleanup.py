@@ -26,7 +26,7 @@ from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum_merge import store
 from continuum_merge.store import Operation
 from continuum_merge.transcript_client import TranscriptClient
-from continuum_merge.worker import cleanup_cancelled
+from continuum_merge.worker import cleanup_cancelled, mark_cleaned
 from continuum_runtime.cancellation import finish_before_stopping
 from continuum_runtime.clock import Clock
 from continuum_runtime.database import Database
@@ -163,11 +163,6 @@ async def _uncleaned(database: Database, after: str, now_ms: int) -> list[Operat
         return await store.cancelled_uncleaned(connection, after, now_ms, SWEEP_PAGE)
 
 
-async def _nothing_left(database: Database, operation_id: str, now_ms: int) -> None:
-    async with database.transaction() as connection:
-        await store.mark_cleaned(connection, operation_id, now_ms)
-
-
 async def sweep_cancelled(database: Database, transcript: TranscriptClient, package_root: Path, clock: Clock) -> int:
     """Finish the cleanup of every cancelled operation not cleaned yet whose writer stopped; how many held
     something. Each is marked cleaned, so a sweep reads only what was cancelled since the last one."""
@@ -183,7 +178,7 @@ async def sweep_cancelled(database: Database, transcript: TranscriptClient, pack
                 await cleanup_cancelled(transcript, database, clock, operation, package)
                 cleaned += 1
             else:
-                await finish_before_stopping(_nothing_left(database, operation.operation_id, clock.now_ms()))
+                await finish_before_stopping(mark_cleaned(database, operation.operation_id, clock.now_ms()))
         after = page[-1].operation_id
 
 

@@ -620,7 +620,7 @@ async def cleanup_cancelled(
     # Marked only once its directory is gone: a writer whose lease ran out may still have been writing
     # (the next sweep tries again).
     if not await asyncio.to_thread(package.exists):
-        await finish_before_stopping(_mark_cleaned(database, operation.operation_id, clock.now_ms()))
+        await finish_before_stopping(mark_cleaned(database, operation.operation_id, clock.now_ms()))
 
 
 # Short database steps of a cleanup: a sweeper stopped meanwhile lets them finish.
@@ -629,6 +629,7 @@ async def _forget_claim(database: Database, operation_id: str, now_ms: int) -> N
         await store.forget_claim(connection, operation_id, now_ms)
 
 
-async def _mark_cleaned(database: Database, operation_id: str, now_ms: int) -> None:
+async def mark_cleaned(database: Database, operation_id: str, now_ms: int) -> None:
+    """Record that a cancelled operation holds nothing any more (the sweep reads it no more)."""
     async with database.transaction() as connection:
         await store.mark_cleaned(connection, operation_id, now_ms)

@@ -181,13 +181,19 @@ async def test_a_paused_operation_cancelled_loses_its_directory_without_a_run(
 async def test_the_sweeper_cleans_each_cancelled_operation_once_including_one_whose_writer_died(
     tmp_path: Path, database_url: str
 ) -> None:
-    """A cancelled operation without a lease, one whose writer's lease ran out (killed mid-run) and one a
-    live writer still holds: the sweep cleans the first two (the one cancelled while publishing too) and
-    marks them, so the next sweep reads and cleans nothing; the live writer's is left to it."""
+    """A cancelled operation without a lease, one whose writer's lease ran out (killed mid-run), one a
+    live writer still holds and one that left nothing behind: the sweep cleans the first two (the one
+    cancelled while publishing too) and marks them and the empty one, so the next sweep reads and cleans
+    nothing; the live writer's is left to it."""
     async with running_merge(tmp_path, database_url, overrides={**FAST, "cancel_sweep_seconds": 3600}) as stack:
         clock = SystemClock()
         root = stack.settings.resolved_package_root()
-        leases = {"op-free": (None, None), "op-dead": ("dead-replica", clock.now_ms() - 1), "op-live": ("live", 2**62)}
+        leases = {
+            "op-free": (None, None),
+            "op-dead": ("dead-replica", clock.now_ms() - 1),
+            "op-live": ("live", 2**62),
+            "op-empty": (None, None),
+        }
         for operation_id, (owner, expire_ms) in leases.items():
             # Cancelled as it is inserted: the service's worker must never take one as merely admitted.
             cancelled = {
@@ -200,7 +206,8 @@ async def test_the_sweeper_cleans_each_cancelled_operation_once_including_one_wh
             await admitted(
                 stack.database, key=operation_id, operation_id=operation_id, now_ms=clock.now_ms(), changes=cancelled
             )
-            (root / operation_id / "work").mkdir(parents=True)
+            if operation_id != "op-empty":
+                (root / operation_id / "work").mkdir(parents=True)
         client = open_transcript(stack.settings)
         try:
             assert await sweep_cancelled(stack.database, client, root, clock) == 2
@@ -214,6 +221,6 @@ async def test_the_sweeper_cleans_each_cancelled_operation_once_including_one_wh
                     operation_id: (await store.load(connection, operation_id)).cleaned_ms  # type: ignore[union-attr]
                     for operation_id in leases
                 }
-            assert cleaned["op-free"] and cleaned["op-dead"] and cleaned["op-live"] is None
+            assert cleaned["op-free"] and cleaned["op-dead"] and cleaned["op-empty"] and cleaned["op-live"] is None
         finally:
             await client.close()
