@@ -205,6 +205,10 @@ class PackageFiles:
         with self.open(relative, size) as descriptor:
             return read_range(descriptor, start, size - start if length is None else min(length, size - start))
 
+    def tail(self, relative: str, size: int, length: int) -> bytes:
+        """The last `length` bytes (at most) of a registered file of `size` bytes."""
+        return self.read(relative, size, max(0, size - length), length)
+
     def read_verified(self, relative: str, size: int, sha256: str, deadline: Deadline) -> bytes:
         """A whole registered file (at most `size` bytes, the caller's bound) after checking its sha256."""
         with self.open(relative, size) as descriptor:

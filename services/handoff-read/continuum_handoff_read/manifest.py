@@ -107,6 +107,10 @@ class TextPart(NamedTuple):
         """The part's ref."""
         return f"r_{self.record_ref}:p{self.part}"
 
+    def follows(self, previous: TextPart | None) -> bool:
+        """Whether `previous` is the part just before this one in its record (a match may span the two)."""
+        return previous is not None and previous.record_ref == self.record_ref and previous.part == self.part - 1
+
 
 @dataclass(frozen=True)
 class RecordRow:

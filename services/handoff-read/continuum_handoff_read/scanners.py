@@ -109,12 +109,12 @@ def prescan(piece: Piece, files: PackageFiles, buffer: bytearray) -> Prescan:
         size = row.size
         if size > piece.max_part:
             return Prescan(offsets, sizes, flagged, start)
-        chained = previous is not None and previous.record_ref == row.record_ref and previous.part == row.part - 1
+        chained = row.follows(previous)
         try:
             if not chained:
                 tail = b""
             elif tail is None and previous is not None:
-                tail = files.read(previous.path, previous.size, max(0, previous.size - carry_bytes), carry_bytes)
+                tail = files.tail(previous.path, previous.size, carry_bytes)
             kept = len(tail or b"")
             end = kept + size
             buffer[:kept] = tail or b""

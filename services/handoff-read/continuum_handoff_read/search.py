@@ -349,13 +349,11 @@ class _Scan:
         if row is None:
             raise PackageDamaged("snapshot/files.jsonl changed while it was read")
         before = previous.part()
-        if not (before and before.record_ref == row.record_ref and before.part == row.part - 1):
+        if not row.follows(before):
             before = None
         tail = b""
         if before is not None and self.carry_bytes:
-            tail = self.package.files.read(
-                before.path, before.size, max(0, before.size - self.carry_bytes), self.carry_bytes
-            )
+            tail = self.package.files.tail(before.path, before.size, self.carry_bytes)
         kept = len(tail)
         end = kept + row.size
         self.buffer[:kept] = tail
@@ -378,9 +376,7 @@ class _Scan:
             previous = text_part(next(self.package.lines(FILES, start.previous)).data)
             if previous is None:
                 raise CursorRefused("cursor", "does not follow a text part")
-            tail = self.package.files.read(
-                previous.path, previous.size, max(0, previous.size - self.carry_bytes), self.carry_bytes
-            )
+            tail = self.package.files.tail(previous.path, previous.size, self.carry_bytes)
         # The loop below runs once per part (tens of thousands per package): what it uses, bound locally.
         buffer, view, query, carry_bytes = self.buffer, self.view, self.query, self.carry_bytes
         read_whole = self.package.files.read_whole
@@ -394,7 +390,7 @@ class _Scan:
                 rows -= 1
             if records is not None and records.of(row).session_id not in self.members:  # type: ignore[operator]
                 continue
-            if not (previous and previous.record_ref == row.record_ref and previous.part == row.part - 1):
+            if not row.follows(previous):
                 previous, previous_offset, tail = None, -1, b""
             size = row.size
             if line.offset != start.row and self.scanned + size <= SCAN_BYTES and size <= BUFFER_BYTES:
