@@ -65,9 +65,11 @@ BUFFER_BYTES = 1024 * 1024
 # 8 (1.2x: the reader's work per piece).
 PIECES_PER_SCANNER = 2
 PIECE_MIN_BYTES = 4 * 1024
-# Two pieces out fit in a socket pair's buffer (about 208 KiB on Linux): sending one never waits for a
-# scanner, which could be stuck in a read past the call's deadline.
-PIECE_MAX_BYTES = 64 * 1024
+# Two pieces out, with their framing and the line before each, fit in what a scanner's pipe may hold
+# (half its send buffer: about 104 KiB on Linux), so short parts, which make the largest pieces, still
+# keep two out per scanner; a send never waits for a scanner, which could be stuck in a read past the
+# call's deadline.
+PIECE_MAX_BYTES = 48 * 1024
 # Bytes of context on each side of a match in its excerpt.
 CONTEXT_BYTES = 120
 DEFAULT_LIMIT = 20

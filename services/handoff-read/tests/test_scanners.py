@@ -22,7 +22,7 @@ from continuum_handoff_read.deadline import Deadline
 from continuum_handoff_read.errors import BudgetExceeded
 from continuum_handoff_read.files import PackageFiles
 from continuum_handoff_read.results import ToolResult
-from continuum_handoff_read.scanners import Lent, Piece, Prescan, Scanners, prescan
+from continuum_handoff_read.scanners import Lent, Piece, Prescan, Scanners, _wire_bytes, prescan
 from continuum_handoff_read.tool import execute
 from continuum_runtime.clock import SystemClock
 
@@ -312,3 +312,17 @@ def test_a_scanners_programming_error_is_logged_with_its_frames_and_never_its_me
     assert any(frame["function"] == "prescan" for frame in record.frames)  # type: ignore[attr-defined]
     # The TypeError's message ("... bytes-like object, not 'str'") stays out of the log.
     assert "bytes-like" not in str(record.__dict__)
+
+
+def test_two_of_the_largest_pieces_fit_in_a_scanners_pipe(own_scanners: tuple[Scanners, list[BaseProcess]]) -> None:
+    """Short parts make the largest pieces: two of them (each after a long line) may still be out at once."""
+    scanners, _ = own_scanners
+    largest = Piece("/" + "d" * 255, (1, 1), 0, b"x" * search_module.PIECE_MAX_BYTES, b"y" * 1024, b"q" * 256, 1)
+    with scanners.borrow(None, -1, -1) as lent:
+        for scanner in lent.scanners:
+            assert scanner.takes(largest)
+            scanner._out_bytes.append(_wire_bytes(largest))  # as if one were out, without sending it
+            try:
+                assert scanner.takes(largest)
+            finally:
+                scanner._out_bytes.pop()
