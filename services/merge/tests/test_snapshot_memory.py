@@ -18,15 +18,20 @@ from transcript_testing import SERVICE_TOKEN
 import continuum_merge
 from continuum.transcript.v1 import resources_pb2 as tpb
 from continuum.transcript.v1 import transcript_service_pb2 as api
-from continuum_merge.snapshot import verify_snapshot
+from continuum_merge.snapshot import verify_snapshot, writer
 
 MIB = 1024 * 1024
 OUTPUT_BYTES = 256 * 1024
 # Where continuum_merge is imported from, for the child process.
 MERGE_PATH = str(Path(continuum_merge.__file__).resolve().parents[1])
-# Peak RSS may differ between the two runs by allocator noise, never by the history's growth.
-FLAT_MIB = 16
-WHOLE_MIB = 128
+# Peak RSS may differ between the two runs by what the writer lets the allocator keep before it trims
+# (either run may peak just before a trim) and by allocator noise, never by the history's growth. The
+# whole history is large enough that holding a quarter of what it adds to the quarter's would reach that.
+FLAT_MIB = writer.TRIM_SLACK_BYTES // MIB + 16
+WHOLE_MIB = 256
+# Well below the history's size: the copy streams (what the process holds after a trim, ~90 MiB, plus
+# the slack and the pages in flight).
+PEAK_MIB = 160
 
 
 async def _history(sources: Sources, root: str, mib: int) -> None:
@@ -94,7 +99,7 @@ async def test_peak_memory_is_flat_in_the_history_size(tmp_path: Path, database_
     assert sealed.snapshot_hash == whole["snapshot_hash"]
     measured = f"peak RSS {quarter['peak_rss_mib']} MiB at a quarter, {whole['peak_rss_mib']} MiB whole"
     assert whole["peak_rss_mib"] < quarter["peak_rss_mib"] + FLAT_MIB, measured
-    assert whole["peak_rss_mib"] < WHOLE_MIB, measured
+    assert whole["peak_rss_mib"] < PEAK_MIB, measured
 
 
 async def test_verify_command_answers_the_seal_or_the_damage(tmp_path: Path, database_url: str) -> None:
