@@ -42,8 +42,8 @@ RESERVE_CHECK_BYTES = 4 * 1024 * 1024
 # buffer that uses it. The buffers of the pages in flight (read ahead, being prepared, being written)
 # take a few tens of MiB, so a smaller slack trims them on nearly every page: at 4 MiB a quarter of the
 # copy's CPU went to page faults (1 GiB: 11.4-12.4 s of CPU against 10.0-10.6 s at 32 MiB, with 2.3
-# times the faults). Bounded this way the resident memory stays within this many bytes of its trimmed level,
-# which is flat in the history's size, whatever the sizes of the messages.
+# times the faults). Bounded this way the resident memory stays within this many bytes of its trimmed
+# level, which is flat in the history's size, whatever the sizes of the messages.
 TRIM_SLACK_BYTES = 32 * 1024 * 1024
 STREAM_BUFFER_BYTES = 1024 * 1024
 # Creating a file takes its directory's lock, and every text part goes to text/: more threads than
