@@ -13,6 +13,7 @@ from sqlalchemy import select
 from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
+from continuum_runtime.cancellation import finish_before_stopping
 from continuum_runtime.database import Database
 from continuum_runtime.wire_names import TRANSCRIPT_V2
 from continuum_transcript import bodies
@@ -107,7 +108,9 @@ async def _snapshot(
         await publisher.flush_until(cut.seq)
     begin = fpb.SnapshotBeginFrame(seq=cut.seq, durable_seq=publisher.durable_seq)
     yield api.FollowResponse(stream_generation=stream_generation, snapshot_begin=begin)
-    page, has_older = await read_page_at(database, publisher.session_id, cut.seq, SNAPSHOT_PAGE, limits)
+    page, has_older = await finish_before_stopping(
+        read_page_at(database, publisher.session_id, cut.seq, SNAPSHOT_PAGE, limits)
+    )
     history = fpb.HistoryCursor(
         stream_generation=stream_generation,
         snapshot_sequence=cut.seq,

@@ -12,6 +12,7 @@ from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum_runtime.auth import acting_user
+from continuum_runtime.cancellation import finish_before_stopping
 from continuum_runtime.clock import Clock
 from continuum_runtime.database import Database
 from continuum_runtime.wire_names import HISTORY_OUTLINE_V1
@@ -88,7 +89,8 @@ class LiveTranscript:
         owner = acting_user(context)
         follow.require_protocol(list(request.capabilities))
         session_id = validation.session_id(request.session_id)
-        publisher = await self._registry.get(owner, session_id)
+        # Here and in the snapshot's read, a follower leaving waits for the database step to end.
+        publisher = await finish_before_stopping(self._registry.get(owner, session_id))
         async for frame in follow.stream(
             publisher, self._db, request, self._settings.follow_heartbeat_seconds, self._settings.limits()
         ):

@@ -207,7 +207,7 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
     async def StreamMessage(
         self, request: api.StreamMessageRequest, context: Context
     ) -> AsyncIterator[api.StreamMessageResponse]:
-        for frame in bodies.stream_frames(await self._whole_message(request, context)):
+        for frame in bodies.stream_frames(await finish_before_stopping(self._whole_message(request, context))):
             yield frame
 
     async def _whole_message(
@@ -358,26 +358,32 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
                 yield frame.chunk
 
         stored = await self._store.receive(chunks(), limit, expected_size=declared or None)
-        async with self._db.transaction() as connection:
-            row = await attachments.record(
-                connection, owner, session_id, header.media_type, header.file_name, stored, self._clock.now_ms()
-            )
+
+        async def record() -> RowMapping:
+            async with self._db.transaction() as connection:
+                return await attachments.record(
+                    connection, owner, session_id, header.media_type, header.file_name, stored, self._clock.now_ms()
+                )
+
+        # A request stream is cancelled with its client (GuardedServer completes single requests only).
+        row = await finish_before_stopping(record())
         return api.UploadAttachmentResponse(attachment=convert.attachment(row))
 
     async def GetAttachment(self, request: api.GetAttachmentRequest, context: Context) -> api.GetAttachmentResponse:
         owner = acting_user(context)
         attachment_id = validation.session_id(request.attachment_id, "attachment_id")
+        return api.GetAttachmentResponse(attachment=convert.attachment(await self._attachment(owner, attachment_id)))
+
+    async def _attachment(self, owner: str, attachment_id: str) -> RowMapping:
         async with self._db.connection() as connection:
-            row = await attachments.load(connection, owner, attachment_id)
-        return api.GetAttachmentResponse(attachment=convert.attachment(row))
+            return await attachments.load(connection, owner, attachment_id)
 
     async def DownloadAttachment(
         self, request: api.DownloadAttachmentRequest, context: Context
     ) -> AsyncIterator[api.DownloadAttachmentResponse]:
         owner = acting_user(context)
         attachment_id = validation.session_id(request.attachment_id, "attachment_id")
-        async with self._db.connection() as connection:
-            row = await attachments.load(connection, owner, attachment_id)
+        row = await finish_before_stopping(self._attachment(owner, attachment_id))
         first = True
         async for chunk in self._store.read(row["sha256"]):
             header = convert.attachment(row) if first else None

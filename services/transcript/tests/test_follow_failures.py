@@ -1,4 +1,5 @@
-"""Follow under failure: the database going away mid-stream, and the process killed with SIGKILL."""
+"""Follow under failure: the database going away mid-stream, the process killed with SIGKILL, and a
+follower leaving in the middle of a database read."""
 
 from __future__ import annotations
 
@@ -9,14 +10,20 @@ from urllib.parse import urlsplit, urlunsplit
 
 import grpc
 import pytest
-from deadline_testing import within
+from deadline_testing import eventually, within
+from race_testing import until_waiting
+from sqlalchemy import text
 from transcript_testing import (
     SERVICE_TOKEN,
     Follower,
     TcpProxy,
+    TranscriptClient,
     all_messages,
+    append,
     assistant,
+    create_session,
     kinds,
+    refused,
     running_transcript,
     serve_in_subprocess,
     user,
@@ -27,6 +34,7 @@ from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
 from continuum_runtime.auth import call_metadata
 from continuum_runtime.channels import open_channel
+from continuum_runtime.database import Database
 
 
 def _through(url: str, port: int) -> str:
@@ -181,3 +189,43 @@ async def test_sigkill_mid_stream_loses_nothing_persisted_and_never_completes_th
         f.batch.seq for f in seen if f.HasField("batch") and f.batch.runtime_state.state == fpb.RUN_STATE_IDLE
     ]
     assert terminal_seqs and max(terminal_seqs) <= handshake.handshake.durable_seq
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+async def test_postgres_a_follower_leaving_during_the_snapshot_read_costs_no_connection(
+    transcript: TranscriptClient, database_url: str
+) -> None:
+    """A statement cut by a cancel loses its connection (and on SQLite keeps the database locked until
+    the collector runs: a SIGKILL test failed so). The snapshot's read is held behind a table lock
+    while its follower leaves: it must end normally, on a connection that stays in the pool."""
+    alice = transcript.as_user("alice")
+    await create_session(transcript)
+    await append(transcript, "s", user("q"), assistant("a"))
+    database = Database(database_url, schema="transcript")
+    waiting = text("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'")
+    try:
+        async with database.transaction() as holder:
+            await holder.execute(text("LOCK TABLE messages IN ACCESS EXCLUSIVE MODE"))
+            follow = transcript.stub.Follow(
+                api.FollowRequest(session_id="s", capabilities=["transcript-v2"]), metadata=alice
+            )
+            await until_waiting(database, 1, "the snapshot's read, behind the table lock")
+            reader = await holder.scalar(waiting)
+            follow.cancel()
+            # The server reads a connection's frames in order: once it answered a later call on it,
+            # it has seen the cancel (this call is refused before any database step).
+            await refused(
+                transcript.stub.GetSession(api.GetSessionRequest(session_id=""), metadata=alice),
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "INVALID_ARGUMENT",
+            )
+        state = text("SELECT state FROM pg_stat_activity WHERE pid = :pid")
+
+        async def back_in_the_pool() -> bool:
+            async with database.connection() as connection:
+                return bool(await connection.scalar(state, {"pid": reader}) == "idle")
+
+        await eventually(back_in_the_pool, what="the cancelled follower's connection, idle in the pool")
+    finally:
+        await database.dispose()
+    assert [m.content[0].text for m in await all_messages(transcript.stub, alice, "s")] == ["q", "a"]
