@@ -1,13 +1,11 @@
 """Work that a cancellation must not cut in half.
 
-A coroutine cancelled between two database statements can leave half of its work done. One cancelled
-inside a statement costs its pooled connection, and on SQLite more: the cut statement's cursor is
-left to the garbage collector, and until it collects it the closed connection keeps holding the
-database's lock (every other statement waits out its busy timeout and fails; seen in a test, freed
-only by `gc.collect()`). `run_to_completion` protects a unary RPC whose client went away: the work
-goes on in its own task and its answer is dropped; the caller returns at once (gRPC does not wait
-for a cancelled handler). `finish_before_stopping` protects a short database step of a stream or a
-background loop from the caller's cancel: the cancel waits for the step.
+A coroutine cancelled between two database statements can leave half of its work done; one cancelled
+inside a statement costs its pooled connection (the pool closes it and opens another).
+`run_to_completion` protects a unary RPC whose client went away: the work goes on in its own task
+and its answer is dropped; the caller returns at once (gRPC does not wait for a cancelled handler).
+`finish_before_stopping` protects a short database step of a stream or a background loop from the
+caller's cancel: the cancel waits for the step.
 """
 
 from __future__ import annotations

@@ -100,6 +100,24 @@ class Database:
         await self.engine.dispose()
 
 
+class _SqliteConnection(sqlite3.Connection):
+    """sqlite3's connection, ending its transaction before it closes.
+
+    A statement cut by a cancel leaves its cursor to the garbage collector, and closing a connection
+    whose statement is not finalized only marks it closed: SQLite keeps it open, with its transaction
+    and the database's writer lock, until the collector finalizes that cursor. Every other statement
+    meanwhile waits out its busy timeout and fails. A rollback first ends the transaction (and aborts
+    the statement) whatever the collector does.
+    """
+
+    def close(self) -> None:
+        try:
+            if self.in_transaction:
+                self.rollback()
+        finally:
+            super().close()
+
+
 def _private_sqlite_file(url: str) -> None:
     """Create the SQLite file readable by this user only, before SQLite creates it with the umask's
     mode; SQLite gives its -wal and -shm files the mode of the database file."""
@@ -138,7 +156,9 @@ def _create_engine(url: str, *, schema: str, pool_size: int) -> AsyncEngine:
         _private_sqlite_file(url)
         # One connection: SQLite has a single writer, and queueing in the pool is cheaper than
         # retrying on SQLITE_BUSY. Other processes (CLI jobs) wait on busy_timeout.
-        engine = create_async_engine(url, pool_size=1, max_overflow=0, pool_timeout=60)
+        engine = create_async_engine(
+            url, pool_size=1, max_overflow=0, pool_timeout=60, connect_args={"factory": _SqliteConnection}
+        )
 
         @event.listens_for(engine.sync_engine, "connect")
         def _configure(dbapi_connection: Any, _record: Any) -> None:

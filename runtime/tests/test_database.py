@@ -106,3 +106,23 @@ async def _read(database: Database) -> str:
     async with database.connection() as connection:
         mode = await connection.scalar(text("PRAGMA journal_mode"))
     return str(mode)
+
+
+async def test_a_sqlite_connection_closed_with_a_statement_unfinished_frees_the_database(tmp_path: Path) -> None:
+    """A statement cut by a cancel leaves its cursor unfinalized, and the pool closes the connection.
+    The database must be free at once, not when the garbage collector finds the cursor: here the
+    cursor is kept alive on purpose while another process asks for the writer lock without waiting."""
+    path = tmp_path / "db.sqlite"
+    database = Database(f"sqlite+aiosqlite:///{path}", schema="main")
+    other = sqlite3.connect(path, isolation_level=None, timeout=0)
+    try:
+        async with database.connection() as connection:
+            rows = await connection.stream(text("SELECT value FROM json_each('[1, 2, 3]')"))
+            assert [tuple(row) for row in await rows.fetchmany(1)] == [(1,)]
+            await connection.invalidate()
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("ROLLBACK")
+        del rows  # the unfinished cursor lived until here
+    finally:
+        other.close()
+        await database.dispose()

@@ -469,7 +469,7 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
         owner = _optional_user(context)
         cursor = validation.non_negative(request.after_event_id, "after_event_id")
         while True:
-            # A watcher leaving (or the server stopping) waits for this read: cut, its SQLite connection leaks.
+            # A watcher leaving (or the server stopping) waits for this read: cut, it costs its connection.
             rows = await finish_before_stopping(self._events_after(cursor, owner))
             for row in rows:
                 cursor = row["event_id"]

@@ -195,9 +195,9 @@ async def test_sigkill_mid_stream_loses_nothing_persisted_and_never_completes_th
 async def test_postgres_a_follower_leaving_during_the_snapshot_read_costs_no_connection(
     transcript: TranscriptClient, database_url: str
 ) -> None:
-    """A statement cut by a cancel loses its connection (and on SQLite keeps the database locked until
-    the collector runs: a SIGKILL test failed so). The snapshot's read is held behind a table lock
-    while its follower leaves: it must end normally, on a connection that stays in the pool."""
+    """A statement cut by a cancel costs its connection (on SQLite it used to keep the database locked
+    too: the SIGKILL test above failed so). The snapshot's read is held behind a table lock while its
+    follower leaves: it must end normally, on a connection that stays in the pool."""
     alice = transcript.as_user("alice")
     await create_session(transcript)
     await append(transcript, "s", user("q"), assistant("a"))
