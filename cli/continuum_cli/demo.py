@@ -8,8 +8,9 @@ project the agent's read-only tools can list, read and search when a person send
 
 Seeding is idempotent: the sessions have fixed ids (creating one again answers the existing one), a
 session's history is appended only while it is empty, and the compaction runs only while the session has
-no summary. A `demo-seed.pending` marker is written before the first step and removed after the last, so
-a run interrupted halfway finishes the seed next time although the data dir is no longer empty.
+no summary. A `demo-seed.pending` marker is written as soon as a run finds the data dir empty, before it
+creates anything there, and removed after the seed's last step: a run refused at start (a port in use)
+or interrupted halfway leaves files behind, and the next run still seeds.
 """
 
 from __future__ import annotations
@@ -78,6 +79,11 @@ _CLIENT_STEPS = [
 def is_empty(data_dir: Path) -> bool:
     """True when `data_dir` does not exist or holds nothing: the only data dir a demo is seeded into."""
     return not data_dir.exists() or not any(data_dir.iterdir())
+
+
+def promise(data_dir: Path) -> None:
+    """Mark `data_dir` (found empty, now created) as owed the demo until a seed finishes."""
+    (data_dir / PENDING_MARKER).touch()
 
 
 def wanted(data_dir: Path, was_empty: bool) -> bool:
@@ -179,8 +185,7 @@ class DemoSeeder:
 
     def seed(self) -> None:
         """Create what is missing of the demo; raises httpx.HTTPError when the gateway refuses a step."""
-        marker = self.data_dir / PENDING_MARKER
-        marker.touch()
+        promise(self.data_dir)
         project = self.data_dir / PROJECT_DIRECTORY
         write_project(project)
         try:
@@ -191,7 +196,7 @@ class DemoSeeder:
             self._history(CLIENT_SESSION, [*_turns(_CLIENT_STEPS, CLIENT_TURNS, "web"), _truncated_turn()])
         finally:
             self.client.close()
-        marker.unlink()
+        (self.data_dir / PENDING_MARKER).unlink()
 
     def _session(self, session_id: str, title: str, project: Path) -> None:
         body = {"sessionId": session_id, "title": title, "workingDirectory": str(project)}

@@ -132,6 +132,8 @@ class Supervisor:
         was_empty = demo.is_empty(self.data_dir)
         try:
             self.run_dir.create()
+            if self.seed_demo and was_empty:
+                demo.promise(self.data_dir)
             try:
                 self._lock_fd = self.run_dir.lock()
             except DataDirInUse as error:

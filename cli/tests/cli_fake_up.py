@@ -2,10 +2,12 @@
 
 alpha is a gRPC service that signs page tokens (like transcript); beta is an HTTP front that depends
 on it and takes the dev token (like the gateway).
+With FAKE_SEED_DEMO=1 the supervisor owes an empty data dir the demo, as `continuum up` does.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -28,6 +30,11 @@ if __name__ == "__main__":
     data_dir, startup_timeout, stop_grace = Path(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
     ports = {name: int(port) for name, _, port in (arg.partition("=") for arg in sys.argv[4:])}
     supervisor = Supervisor(
-        data_dir, ports, COMPONENTS, startup_timeout=startup_timeout, stop_grace=stop_grace, seed_demo=False
+        data_dir,
+        ports,
+        COMPONENTS,
+        startup_timeout=startup_timeout,
+        stop_grace=stop_grace,
+        seed_demo=os.environ.get("FAKE_SEED_DEMO") == "1",
     )
     sys.exit(supervisor.run())

@@ -15,6 +15,8 @@ import pytest
 from deadline_testing import wait_for
 from process_testing import alive, children_of, runs
 
+from continuum_cli import demo
+
 HERE = Path(__file__).parent
 
 
@@ -64,12 +66,15 @@ def start_up(tmp_path: Path) -> Iterator[StartUp]:
         stop_grace: float = 10.0,
         data_dir: Path | None = None,
         ports: Mapping[str, int] | None = None,
+        seed_demo: bool = False,
     ) -> Up:
         log_dir = tmp_path / f"up-{len(started)}"
         log_dir.mkdir()
         env = {key: value for key, value in os.environ.items() if not key.startswith("FAKE_")}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
         env.update({f"FAKE_{name.upper()}_MODE": mode for name, mode in (modes or {}).items()})
+        if seed_demo:
+            env["FAKE_SEED_DEMO"] = "1"
         data_dir = data_dir or tmp_path / "data"
         argv = [sys.executable, "-m", "cli_fake_up", str(data_dir), str(startup_timeout), str(stop_grace)]
         argv += [f"{name}={port}" for name, port in (ports or {}).items()]
@@ -302,11 +307,15 @@ def test_a_fixed_port_already_served_is_refused_before_anything_starts(start_up:
     # alpha is a gRPC server, which binds with SO_REUSEPORT: a second one would share the port silently.
     taken = int((first.data_dir / "run" / "alpha.port").read_text())
 
-    second = start_up(data_dir=tmp_path / "other", ports={"alpha": taken})
+    other = tmp_path / "other"
+    second = start_up(data_dir=other, ports={"alpha": taken}, seed_demo=True)
 
     assert second.finish(timeout=20) == 1
     assert (
         f"alpha's port {taken} is already in use: pass --alpha-port N "
         '(with make: make run ARGS="--alpha-port N"); 0 picks any free port'
     ) in second.stderr()
-    assert not (tmp_path / "other" / "alpha.env.json").exists()
+    assert not (other / "alpha.env.json").exists()
+    # The refused first run left its run files behind; the run that follows still owes the demo.
+    assert not demo.is_empty(other)
+    assert demo.wanted(other, demo.is_empty(other))
