@@ -13,6 +13,8 @@ from continuum_cli.rundir import PRIVATE_UMASK, RunDir
 from continuum_cli.tokens import PAGE_TOKEN_SECRET_FILE, SERVICE_TOKEN_FILE, read_token
 
 EXIT_FAILED = 1
+# As argparse exits on a command line it refuses.
+EXIT_USAGE = 2
 
 
 def migrate(component: Component) -> int:
@@ -23,8 +25,19 @@ def migrate(component: Component) -> int:
 def cleanup(component: Component, data_dir: Path) -> int:
     """Remove what the service holds for deleted data: `python -m <module> cleanup`; see `run_module_command`.
 
-    Configured like the service `continuum up` runs in `data_dir` (see `local_env`).
+    Configured like the service `continuum up` runs in `data_dir` (see `local_env`). Refused when there is
+    no such data dir and the environment does not place the service's data either: the service would
+    create an empty database there and report that it removed nothing.
     """
+    placed_by_environment = {component.variable("DATABASE_URL"), component.variable("DATA_DIR")} & set(os.environ)
+    if not data_dir.is_dir() and not placed_by_environment:
+        print(
+            f"continuum: no data dir at {data_dir}: run this where `continuum up` keeps its data (the checkout,"
+            f" for `make run`), or pass --data-dir DIR (or set CONTINUUM_DATA_DIR); against a deployment, set"
+            f" {component.variable('DATABASE_URL')}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     return run_module_command(component, "cleanup", local_env(component, data_dir, os.environ))
 
 

@@ -478,8 +478,9 @@ def test_read_port(tmp_path: Path, content: str, port: int | None) -> None:
     assert run_dir.read_port("transcript") == port
 
 
-def _run_maintenance(arguments: list[str], tmp_path: Path, env: dict[str, str]) -> tuple[int, dict[str, object]]:
-    """`continuum <arguments>` over fake services alpha and beta (beta depends on alpha); exit code and record."""
+def _maintenance(arguments: list[str], tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    """`continuum <arguments>` over fake services alpha and beta (beta depends on alpha), run in `tmp_path`;
+    a service command it runs records its argv and env in `tmp_path / "record.json"`."""
     record = tmp_path / "record.json"
     program = (
         "import sys\n"
@@ -493,9 +494,13 @@ def _run_maintenance(arguments: list[str], tmp_path: Path, env: dict[str, str]) 
     inherited = {key: value for key, value in os.environ.items() if not key.startswith(("CONTINUUM_", "FAKE_"))}
     env = {**inherited, "PYTHONPATH": str(HERE), "FAKE_COMMAND_RECORD": str(record), "FAKE_COMMAND_EXIT": "5", **env}
 
-    result = subprocess.run([sys.executable, "-c", program], env=env, cwd=tmp_path, check=False, timeout=30)
+    return subprocess.run([sys.executable, "-c", program], env=env, cwd=tmp_path, capture_output=True, timeout=30)
 
-    recorded: dict[str, object] = json.loads(record.read_text())
+
+def _run_maintenance(arguments: list[str], tmp_path: Path, env: dict[str, str]) -> tuple[int, dict[str, object]]:
+    """`_maintenance` that ran its service command: the exit code and what the command recorded."""
+    result = _maintenance(arguments, tmp_path, env)
+    recorded: dict[str, object] = json.loads((tmp_path / "record.json").read_text())
     return result.returncode, recorded
 
 
@@ -532,6 +537,16 @@ def test_cleanup_is_configured_by_the_local_run_in_the_data_dir(tmp_path: Path, 
             "BETA_ALPHA_ADDRESS": "127.0.0.1:4001",
         },
     }
+
+
+def test_cleanup_without_a_data_dir_or_an_environment_placing_the_data_is_refused(tmp_path: Path) -> None:
+    """Run from the wrong directory, the service would create an empty database and report success."""
+    result = _maintenance(["cleanup", "alpha"], tmp_path, {})
+
+    assert result.returncode == 2
+    assert b"no data dir at .continuum" in result.stderr
+    assert b"--data-dir DIR" in result.stderr and b"ALPHA_DATABASE_URL" in result.stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == [], "nothing created, no service command run"
 
 
 def test_a_listening_port_is_in_use_and_a_closed_one_is_not() -> None:
