@@ -62,7 +62,7 @@ def start(request: api.StartMergeRequest) -> Parameters:
     if not request.primary_session_id:
         raise BadRequest("primary_session_id", "is required")
     if request.primary_session_id not in seen:
-        raise BadRequest("primary_session_id", "must be one of source_session_ids")
+        raise BadRequest("primary_session_id", "must be one of the source sessions")
     title = _printable(request.title, "title", MAX_TITLE_CHARS)
     if not IDEMPOTENCY_KEY.match(request.idempotency_key):
         raise BadRequest("idempotency_key", "must be 1-128 letters, digits or '_', '.', ':', '-'")

@@ -31,6 +31,18 @@ MESSAGE_ROLES = frozenset(pb.MessageRole.values()) - {pb.MESSAGE_ROLE_UNSPECIFIE
 MESSAGE_STATUSES = frozenset(pb.MessageStatus.values())
 
 
+def _must_be_one_of(names: list[str]) -> str:
+    """The refusal of an enum value outside `names`, spelled as requests spell them."""
+    return f"must be {', '.join(names[:-1])} or {names[-1]}"
+
+
+_ROLE_REFUSAL = _must_be_one_of([pb.MessageRole.Name(role) for role in sorted(MESSAGE_ROLES)])
+# UNSPECIFIED is accepted (a complete message) but never needs to be spelled out.
+_STATUS_REFUSAL = _must_be_one_of(
+    [pb.MessageStatus.Name(status) for status in sorted(MESSAGE_STATUSES - {pb.MESSAGE_STATUS_UNSPECIFIED})]
+)
+
+
 def session_id(value: str, field: str = "session_id") -> str:
     """A session id: letters, digits, '-' and '_', 1 to 64 characters."""
     if not ID_PATTERN.match(value):
@@ -193,10 +205,10 @@ def _message_row(message: pb.NewMessage, settings: TranscriptSettings, size: int
         raise BadRequest("", f"is {size} bytes; the limit is {settings.max_message_bytes}")
     role = message.role
     if role not in MESSAGE_ROLES:
-        raise BadRequest(".role", "must be USER, ASSISTANT, TOOL or SYSTEM")
+        raise BadRequest(".role", _ROLE_REFUSAL)
     status = message.status or pb.MESSAGE_STATUS_COMPLETE
     if status not in MESSAGE_STATUSES:
-        raise BadRequest(".status", "is not a known message status")
+        raise BadRequest(".status", _STATUS_REFUSAL)
     content = content_parts(message.content, ".content")
     # Most messages have no tool calls: the check costs a call only when there are some.
     given = message.tool_calls

@@ -90,6 +90,29 @@ async def test_a_five_megabyte_tool_output_is_ordinary(transcript: TranscriptCli
     assert len(got.message.content[0].text) == len(big)
 
 
+async def test_an_unknown_role_or_status_is_refused_with_the_values_a_request_may_spell(
+    transcript: TranscriptClient,
+) -> None:
+    sid = await create_session(transcript)
+    unknown_role = pb.NewMessage(role=99, content=[pb.ContentPart(text="?")])  # type: ignore[arg-type]
+    unknown_status = pb.NewMessage(role=pb.MESSAGE_ROLE_USER, status=99, content=[pb.ContentPart(text="?")])  # type: ignore[arg-type]
+    expected = {
+        "messages[0].role": (
+            "must be MESSAGE_ROLE_USER, MESSAGE_ROLE_ASSISTANT, MESSAGE_ROLE_TOOL or MESSAGE_ROLE_SYSTEM"
+        ),
+        "messages[0].status": "must be MESSAGE_STATUS_COMPLETE or MESSAGE_STATUS_INTERRUPTED",
+    }
+    for bad, (field, description) in zip((unknown_role, unknown_status), expected.items(), strict=True):
+        details = await refused(
+            transcript.stub.AppendMessages(
+                api.AppendMessagesRequest(session_id=sid, messages=[bad]), metadata=transcript.as_user("alice")
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_ARGUMENT",
+        )
+        assert [(v.field, v.description) for v in details.violations] == [(field, description)]
+
+
 async def test_malformed_batches_are_refused_whole(transcript: TranscriptClient) -> None:
     sid = await create_session(transcript)
     alice = transcript.as_user("alice")
