@@ -7,10 +7,11 @@ import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator
+import weakref
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from sqlalchemy import Table, event, make_url
 from sqlalchemy.dialects import postgresql, sqlite
@@ -100,20 +101,45 @@ class Database:
         await self.engine.dispose()
 
 
+_CursorT = TypeVar("_CursorT", bound=sqlite3.Cursor)
+
+
 class _SqliteConnection(sqlite3.Connection):
-    """sqlite3's connection, ending its transaction before it closes.
+    """sqlite3's connection, closing its cursors and ending its transaction before it closes.
 
     A statement cut by a cancel leaves its cursor to the garbage collector, and closing a connection
     whose statement is not finalized only marks it closed: SQLite keeps it open, with its transaction
-    and the database's writer lock, until the collector finalizes that cursor. Every other statement
-    meanwhile waits out its busy timeout and fails. A rollback first ends the transaction (and aborts
-    the statement) whatever the collector does.
+    (the database's writer lock) and its read snapshot (which stalls WAL checkpoints), until the
+    collector finalizes that cursor. Every other writer meanwhile waits out its busy timeout and fails.
+    Closing the cursors finalizes their statements and the rollback ends the transaction, whatever the
+    collector does. (The driver and SQLAlchemy make every cursor through `cursor()`.)
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._cursors: weakref.WeakSet[sqlite3.Cursor] = weakref.WeakSet()
+
+    @overload
+    def cursor(self, factory: None = None) -> sqlite3.Cursor: ...
+
+    @overload
+    def cursor(self, factory: Callable[[sqlite3.Connection], _CursorT]) -> _CursorT: ...
+
+    def cursor(self, factory: Callable[[sqlite3.Connection], sqlite3.Cursor] | None = None) -> sqlite3.Cursor:
+        """A cursor that `close()` will close."""
+        cursor = super().cursor() if factory is None else super().cursor(factory)
+        self._cursors.add(cursor)
+        return cursor
+
     def close(self) -> None:
+        """Close the cursors, roll back, close (again: nothing more to do)."""
         try:
+            for cursor in list(self._cursors):
+                cursor.close()
             if self.in_transaction:
                 self.rollback()
+        except sqlite3.ProgrammingError:
+            pass  # closed already
         finally:
             super().close()
 
