@@ -80,9 +80,7 @@ class GuardedServer:
                     await _refuse(context, method)
                 try:
                     if complete:
-                        return await run_to_completion(
-                            inner(request, context), expected=(ServiceError, grpc.aio.AbortError)
-                        )
+                        return await run_to_completion(inner(request, context), expected=(grpc.aio.AbortError,))
                     return await inner(request, context)
                 except grpc.aio.AbortError:
                     raise

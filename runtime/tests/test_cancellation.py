@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from continuum_runtime.cancellation import finish_before_stopping, run_to_completion
+from continuum_runtime.errors import InvalidArgument
 
 
 async def test_a_cancelled_caller_returns_at_once_and_the_work_still_completes() -> None:
@@ -88,14 +89,17 @@ async def test_a_failure_after_the_caller_left_is_logged_unless_expected(
     assert len(logged) == (0 if expected else 1)
 
 
-async def test_a_step_failing_after_its_loop_was_stopped_is_logged_and_the_stop_goes_on(
-    caplog: pytest.LogCaptureFixture,
+@pytest.mark.parametrize(
+    ("failure", "logs"), [(ValueError("broken"), 1), (InvalidArgument("session_id", "is malformed"), 0)]
+)
+async def test_a_step_failing_after_its_loop_was_stopped_is_logged_unless_a_refusal_and_the_stop_goes_on(
+    caplog: pytest.LogCaptureFixture, failure: Exception, logs: int
 ) -> None:
     release = asyncio.Event()
 
     async def step() -> None:
         await release.wait()
-        raise ValueError("broken")
+        raise failure
 
     loop = asyncio.create_task(finish_before_stopping(step()))
     await asyncio.sleep(0.01)
@@ -105,4 +109,4 @@ async def test_a_step_failing_after_its_loop_was_stopped_is_logged_and_the_stop_
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(loop, 5)
     logged = [record for record in caplog.records if record.name == "continuum.cancellation"]
-    assert len(logged) == 1 and logged[0].exc_info is not None
+    assert len(logged) == logs and all(record.exc_info is not None for record in logged)

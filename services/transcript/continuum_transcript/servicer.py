@@ -348,8 +348,8 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
         limit = self._settings.max_attachment_bytes
         if declared > limit:
             raise AttachmentTooLarge(f"attachments are limited to {limit} bytes", metadata={"max_bytes": limit})
-        async with self._db.connection() as connection:
-            await sessions.load(connection, owner, session_id)
+        # A request stream is cancelled with its client (GuardedServer completes single requests only).
+        await finish_before_stopping(self._session(owner, session_id))
 
         async def chunks() -> AsyncIterator[bytes]:
             async for frame in request_iterator:
@@ -365,7 +365,6 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
                     connection, owner, session_id, header.media_type, header.file_name, stored, self._clock.now_ms()
                 )
 
-        # A request stream is cancelled with its client (GuardedServer completes single requests only).
         row = await finish_before_stopping(record())
         return api.UploadAttachmentResponse(attachment=convert.attachment(row))
 
@@ -373,6 +372,10 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
         owner = acting_user(context)
         attachment_id = validation.session_id(request.attachment_id, "attachment_id")
         return api.GetAttachmentResponse(attachment=convert.attachment(await self._attachment(owner, attachment_id)))
+
+    async def _session(self, owner: str, session_id: str) -> RowMapping:
+        async with self._db.connection() as connection:
+            return await sessions.load(connection, owner, session_id)
 
     async def _attachment(self, owner: str, attachment_id: str) -> RowMapping:
         async with self._db.connection() as connection:
