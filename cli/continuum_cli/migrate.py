@@ -29,7 +29,8 @@ def cleanup(component: Component, data_dir: Path) -> int:
     no such data dir and the environment does not place the service's data either: the service would
     create an empty database there and report that it removed nothing.
     """
-    placed_by_environment = {component.variable("DATABASE_URL"), component.variable("DATA_DIR")} & set(os.environ)
+    # An empty value is no value to the service's settings either.
+    placed_by_environment = any(os.environ.get(component.variable(name)) for name in ("DATABASE_URL", "DATA_DIR"))
     if not data_dir.is_dir() and not placed_by_environment:
         print(
             f"continuum: no data dir at {data_dir}: run this where `continuum up` keeps its data (the checkout,"

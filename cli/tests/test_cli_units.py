@@ -539,9 +539,12 @@ def test_cleanup_is_configured_by_the_local_run_in_the_data_dir(tmp_path: Path, 
     }
 
 
-def test_cleanup_without_a_data_dir_or_an_environment_placing_the_data_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("env", [{}, {"ALPHA_DATABASE_URL": ""}], ids=["unset", "empty"])
+def test_cleanup_without_a_data_dir_or_an_environment_placing_the_data_is_refused(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
     """Run from the wrong directory, the service would create an empty database and report success."""
-    result = _maintenance(["cleanup", "alpha"], tmp_path, {})
+    result = _maintenance(["cleanup", "alpha"], tmp_path, env)
 
     assert result.returncode == 2
     assert b"no data dir at .continuum" in result.stderr

@@ -33,7 +33,7 @@ MESSAGE_STATUSES = frozenset(pb.MessageStatus.values())
 
 def _must_be_one_of(names: list[str]) -> str:
     """The refusal of an enum value outside `names`, spelled as requests spell them."""
-    return f"must be {', '.join(names[:-1])} or {names[-1]}"
+    return f"must be {' or '.join(filter(None, [', '.join(names[:-1]), names[-1]]))}"
 
 
 _ROLE_REFUSAL = _must_be_one_of([pb.MessageRole.Name(role) for role in sorted(MESSAGE_ROLES)])
