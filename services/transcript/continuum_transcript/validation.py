@@ -29,17 +29,11 @@ MAX_TTL_SECONDS = 3_600
 # Known enum numbers, computed once: the append path checks every message against them.
 MESSAGE_ROLES = frozenset(pb.MessageRole.values()) - {pb.MESSAGE_ROLE_UNSPECIFIED}
 MESSAGE_STATUSES = frozenset(pb.MessageStatus.values())
-
-
-def _must_be_one_of(names: list[str]) -> str:
-    """The refusal of an enum value outside `names`, spelled as requests spell them."""
-    return f"must be {' or '.join(filter(None, [', '.join(names[:-1]), names[-1]]))}"
-
-
-_ROLE_REFUSAL = _must_be_one_of([pb.MessageRole.Name(role) for role in sorted(MESSAGE_ROLES)])
-# UNSPECIFIED is accepted (a complete message) but never needs to be spelled out.
-_STATUS_REFUSAL = _must_be_one_of(
-    [pb.MessageStatus.Name(status) for status in sorted(MESSAGE_STATUSES - {pb.MESSAGE_STATUS_UNSPECIFIED})]
+# Refusals list the enum values as requests spell them; UNSPECIFIED status (a complete message) is
+# accepted but never needs spelling out.
+_ROLE_REFUSAL = f"must be one of {', '.join(pb.MessageRole.Name(role) for role in sorted(MESSAGE_ROLES))}"
+_STATUS_REFUSAL = "must be one of " + ", ".join(
+    pb.MessageStatus.Name(status) for status in sorted(MESSAGE_STATUSES - {pb.MESSAGE_STATUS_UNSPECIFIED})
 )
 
 

@@ -98,9 +98,9 @@ async def test_an_unknown_role_or_status_is_refused_with_the_values_a_request_ma
     unknown_status = pb.NewMessage(role=pb.MESSAGE_ROLE_USER, status=99, content=[pb.ContentPart(text="?")])  # type: ignore[arg-type]
     expected = {
         "messages[0].role": (
-            "must be MESSAGE_ROLE_USER, MESSAGE_ROLE_ASSISTANT, MESSAGE_ROLE_TOOL or MESSAGE_ROLE_SYSTEM"
+            "must be one of MESSAGE_ROLE_USER, MESSAGE_ROLE_ASSISTANT, MESSAGE_ROLE_TOOL, MESSAGE_ROLE_SYSTEM"
         ),
-        "messages[0].status": "must be MESSAGE_STATUS_COMPLETE or MESSAGE_STATUS_INTERRUPTED",
+        "messages[0].status": "must be one of MESSAGE_STATUS_COMPLETE, MESSAGE_STATUS_INTERRUPTED",
     }
     for bad, (field, description) in zip((unknown_role, unknown_status), expected.items(), strict=True):
         details = await refused(
