@@ -9,8 +9,9 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
+from continuum_runtime import database as database_module
 from continuum_runtime.database import Database
 
 
@@ -31,6 +32,107 @@ async def test_a_driver_connection_that_failed_is_never_handed_out_again(postgre
         assert driver.is_closed()
         async with database.driver_connection() as driver:
             assert await driver.fetchval("SELECT pg_backend_pid()") != first
+    finally:
+        await database.dispose()
+
+
+def _count_checkouts(database: Database) -> list[int]:
+    """A one-element list counting the connections the pool hands out from now on."""
+    checkouts = [0]
+
+    @event.listens_for(database.engine.sync_engine.pool, "checkout")
+    def _checked_out(*_: object) -> None:
+        checkouts[0] += 1
+
+    return checkouts
+
+
+@pytest.mark.postgres
+async def test_driver_connections_are_kept_between_uses_up_to_half_the_pool(postgres_url: str) -> None:
+    database = Database(postgres_url, schema="public", pool_size=4)
+    checkouts = _count_checkouts(database)
+    try:
+
+        async def backend_pid(entered: asyncio.Barrier) -> int:
+            async with database.driver_connection() as driver:
+                await entered.wait()
+                return int(await driver.fetchval("SELECT pg_backend_pid()"))
+
+        # Three at once: two are kept afterwards, the third goes back to the pool.
+        entered = asyncio.Barrier(3)
+        used = set(await asyncio.gather(*(backend_pid(entered) for _ in range(3))))
+        assert len(used) == 3 and checkouts[0] == 3
+        assert database.engine.pool.checkedout() == 2  # type: ignore[attr-defined]
+
+        # Later uses take a kept connection: no checkout.
+        for _ in range(5):
+            async with database.driver_connection() as driver:
+                assert await driver.fetchval("SELECT pg_backend_pid()") in used
+        assert checkouts[0] == 3
+
+        # A statement's error discards its connection only: the other one is still kept.
+        with pytest.raises(asyncpg.DivisionByZeroError):
+            async with database.driver_connection() as driver:
+                await driver.fetchval("SELECT 1 / 0")
+        assert database.engine.pool.checkedout() == 1  # type: ignore[attr-defined]
+
+        # One left inside a transaction is neither kept nor handed to the pool's other users: closed.
+        async with database.driver_connection() as driver:
+            await driver.execute("BEGIN")
+        assert database.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+        assert driver.is_closed()
+    finally:
+        await database.dispose()
+    # Dispose closes the kept ones too.
+    assert database.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+
+
+@pytest.mark.postgres
+async def test_kept_driver_connections_go_back_to_the_pool_once_idle_too_long(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    database = Database(postgres_url, schema="public", pool_size=4)
+    checkouts = _count_checkouts(database)
+    try:
+        async with database.driver_connection() as driver:
+            await driver.fetchval("SELECT 1")
+        monkeypatch.setattr(database_module, "KEPT_IDLE_SECONDS", 0.0)
+        async with database.driver_connection() as driver:
+            # The kept one went back first, so this one came from the pool.
+            assert checkouts[0] == 2
+            assert database.engine.pool.checkedout() == 1  # type: ignore[attr-defined]
+    finally:
+        await database.dispose()
+
+
+@pytest.mark.postgres
+async def test_when_a_kept_connection_lost_its_server_the_other_kept_ones_are_discarded(postgres_url: str) -> None:
+    database = Database(postgres_url, schema="public", pool_size=4)
+    try:
+
+        async def backend_pid(entered: asyncio.Barrier) -> int:
+            async with database.driver_connection() as driver:
+                await entered.wait()
+                return int(await driver.fetchval("SELECT pg_backend_pid()"))
+
+        entered = asyncio.Barrier(2)
+        kept = await asyncio.gather(*(backend_pid(entered) for _ in range(2)))
+        # The database restarts, as far as these two connections can tell.
+        admin = await asyncpg.connect(postgres_url.replace("+asyncpg", "", 1))
+        try:
+            for pid in kept:
+                assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
+        finally:
+            await admin.close()
+
+        # How the loss shows depends on when the driver reads the server's goodbye: a shutdown error,
+        # a closed connection or a protocol state error.
+        with pytest.raises(Exception):  # noqa: B017, PT011
+            async with database.driver_connection() as driver:
+                await driver.fetchval("SELECT 1")
+        # The other kept connection was discarded with it: the next statement gets a live one.
+        async with database.driver_connection() as driver:
+            assert await driver.fetchval("SELECT pg_backend_pid()") not in kept
     finally:
         await database.dispose()
 
