@@ -131,18 +131,19 @@ async def reserve_ids(database: Database, count: int) -> list[int]:
 
 # PostgreSQL: the fence, the durable sequence and the rows in ONE autocommitted statement, so a
 # flush costs one round trip. Rows are written only if the fence held. Every row belongs to the
-# publisher's session, so the session id is one value. The rows travel as one JSON array that orjson
-# writes in C straight from the publisher's row dicts, where thirteen typed arrays cost the driver an
-# ABC isinstance check per element (~20 per message, a tenth of the append path's CPU). Everything in
-# a row is JSON-shaped already: protobuf strings are valid UTF-8, numbers are ints or Struct values
-# (finite floats, see `validation.metadata`). Keys the record type does not name (the session id)
-# are ignored. The JSON columns are read as json, so each arrives as the JSON text it is inside the
-# document and nothing is serialized twice. The document goes as the bytes orjson wrote (bytea,
-# decoded by PostgreSQL): as a str, tens of KB per batch would be decoded here only for the driver to
-# encode them again (about 2% of the append path).
-def _persist_fenced(json_columns: str) -> str:
-    """The flush statement, its JSON columns read from the document as `json_columns` (json or text)."""
-    return f"""
+# publisher's session, so the session id is one value. The rows travel as four JSON arrays that orjson
+# writes in C straight from the publisher's row dicts (thirteen typed arrays cost the driver an ABC
+# isinstance check per element, ~20 per message): one of the rows' scalar columns, read as records,
+# and one per JSON column, whose elements PostgreSQL takes as the JSON text they are. ROWS FROM pairs
+# them up by position. Reading the JSON columns out of the records instead parsed every body twice
+# (the document, then each value as json), a sixth of the database's CPU per append; and the record
+# reader unescapes every string, so a NUL (\u0000, which tool output may hold) anywhere in the
+# document failed it, where json_array_elements keeps each element's text as it is. The scalars hold
+# no NUL: tool call ids refuse it and previews split words at it. Everything in a row is JSON-shaped
+# already: protobuf strings are valid UTF-8, numbers are ints or Struct values (finite floats, see
+# `validation.metadata`). The documents go as the bytes orjson wrote (bytea, decoded by PostgreSQL):
+# as str, tens of KB per batch would be decoded here only for the driver to encode them again.
+_PERSIST_FENCED = """
 WITH fence AS (
     UPDATE session_runtime
     SET durable_seq = $3, runtime_state = $4::json, pending_prompts = $5::json, update_ms = $6
@@ -152,24 +153,21 @@ WITH fence AS (
     INSERT INTO messages
         (message_id, session_id, role, content, tool_calls, tool_call_id, metadata, status, deleted, create_ms,
          commit_seq, body_bytes, preview, result_truncated)
-    SELECT message_id, $1, role, content::json, tool_calls::json, tool_call_id, metadata::json, status, deleted,
-           create_ms, commit_seq, body_bytes, preview, result_truncated
-    FROM json_to_recordset(convert_from($7::bytea, 'UTF8')::json)
-         AS batch (message_id bigint, role int, content {json_columns}, tool_calls {json_columns}, tool_call_id text,
-                   metadata {json_columns}, status int, deleted bool, create_ms bigint, commit_seq bigint,
-                   body_bytes bigint, preview text, result_truncated bool)
+    SELECT message_id, $1, role, content, tool_calls, tool_call_id, metadata, status, false, create_ms,
+           commit_seq, body_bytes, preview, result_truncated
+    FROM ROWS FROM (
+        json_to_recordset(convert_from($7::bytea, 'UTF8')::json)
+            AS (message_id bigint, role int, tool_call_id text, status int, create_ms bigint, commit_seq bigint,
+                body_bytes bigint, preview text, result_truncated bool),
+        json_array_elements(convert_from($8::bytea, 'UTF8')::json),
+        json_array_elements(convert_from($9::bytea, 'UTF8')::json),
+        json_array_elements(convert_from($10::bytea, 'UTF8')::json)
+    ) AS batch (message_id, role, tool_call_id, status, create_ms, commit_seq, body_bytes, preview, result_truncated,
+                content, tool_calls, metadata)
     WHERE EXISTS (SELECT 1 FROM fence)
 )
 SELECT count(*) FROM fence
 """
-
-
-_PERSIST_FENCED = _persist_fenced("json")
-# PostgreSQL's JSON parser refuses a \u0000 anywhere in the document, even inside a value it keeps as
-# JSON text, and a tool result may hold NUL. A document that contains one sends its JSON columns as
-# JSON text inside strings instead (escaped once more, so the parser unescapes them to \u0000 text).
-_PERSIST_FENCED_QUOTED = _persist_fenced("text")
-_ESCAPED_NUL = b"\\u0000"
 
 
 # SQLite: the same in one transaction; the single writer lock makes it just as atomic.
@@ -222,26 +220,36 @@ async def persist(
 async def _fetch_fenced(
     driver: Any, session_id: str, stream_generation: int, last: PersistBatch, rows: list[dict[str, Any]], now_ms: int
 ) -> Any:
-    statement, document = _PERSIST_FENCED, orjson.dumps(rows)
-    if _ESCAPED_NUL in document:
-        statement = _PERSIST_FENCED_QUOTED
-        document = orjson.dumps([{**row, **{key: _json(row[key]) for key in _JSON_COLUMNS}} for row in rows])
+    scalars = [
+        {
+            "message_id": row["message_id"],
+            "role": row["role"],
+            "tool_call_id": row["tool_call_id"],
+            "status": row["status"],
+            "create_ms": row["create_ms"],
+            "commit_seq": row["commit_seq"],
+            "body_bytes": row["body_bytes"],
+            "preview": row["preview"],
+            "result_truncated": row["result_truncated"],
+        }
+        for row in rows
+    ]
     return await driver.fetchval(
-        statement,
+        _PERSIST_FENCED,
         session_id,
         stream_generation,
         last.seq,
         _json(last.runtime_state),
         _json(last.pending_prompts),
         now_ms,
-        document,
+        orjson.dumps(scalars),
+        orjson.dumps([row["content"] for row in rows]),
+        orjson.dumps([row["tool_calls"] for row in rows]),
+        orjson.dumps([row["metadata"] for row in rows]),
     )
 
 
-_JSON_COLUMNS = ("content", "tool_calls", "metadata")
-
-
-def _json(value: list[Any] | dict[str, Any]) -> str:
-    """JSON text of a JSON column (rows) or of the runtime state or the pending prompts (json_format's
-    renderings, which refuse NaN themselves)."""
+def _json(value: dict[str, Any]) -> str:
+    """JSON text of the runtime state or the pending prompts (json_format's renderings, which refuse
+    NaN themselves)."""
     return orjson.dumps(value).decode()

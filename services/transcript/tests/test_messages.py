@@ -58,12 +58,14 @@ async def test_text_and_metadata_that_json_must_escape_round_trip(transcript: Tr
     sid = await create_session(transcript)
     said = 'done: "é" \\ € 🙂\n\t\u2028\x01' + tail
     sent = [user(said), assistant("calling", "call-1"), tool("call-1", said)]
+    sent[1].tool_calls[0].arguments = said
     sent[2].metadata.update({"quoted": said, "nested": {"list": [1.5, "x", None, True]}})
     ids = await append(transcript, sid, *sent)
     stored = await _all_after(transcript, sid, 0)
     assert [m.message_id for m in stored] == ids
     assert [m.content[0].text for m in stored] == [said, "calling", said]
     assert stored[1].tool_calls[0].tool_call_id == "call-1" and stored[2].tool_call_id == "call-1"
+    assert stored[1].tool_calls[0].arguments == said
     assert dict(stored[2].metadata) == dict(sent[2].metadata)
 
 
