@@ -203,7 +203,12 @@ def _message_row(message: pb.NewMessage, settings: TranscriptSettings, size: int
     status = message.status or pb.MESSAGE_STATUS_COMPLETE
     if status not in MESSAGE_STATUSES:
         raise BadRequest(".status", _STATUS_REFUSAL)
-    content = content_parts(message.content, ".content")
+    parts = message.content[:]
+    # The common shape, one text part, without the general loop.
+    if len(parts) == 1 and parts[0].WhichOneof("part") == "text":
+        content = [{"text": parts[0].text}]
+    else:
+        content = content_parts(parts, ".content")
     # Most messages have no tool calls: the check costs a call only when there are some.
     given = message.tool_calls
     tool_calls = _tool_calls(given, role) if given else []
@@ -217,21 +222,15 @@ def _message_row(message: pb.NewMessage, settings: TranscriptSettings, size: int
         raise BadRequest(".tool_call_id", "is only allowed on a TOOL message")
     if not content and not tool_calls and status == pb.MESSAGE_STATUS_COMPLETE:
         raise BadRequest(".content", "must not be empty")
-    # Positional: keyword arguments cost a named tuple twice as much.
-    return MessageRow(
-        role,
-        content,
-        tool_calls,
-        tool_call_id,
+    # Most messages have no metadata: asking is much cheaper than reading the empty Struct.
+    given_metadata = metadata(message.metadata, ".metadata") if message.HasField("metadata") else {}
+    if role == pb.MESSAGE_ROLE_TOOL:
         # Every stored message passes here once, so the flag is computed at write time only.
-        # Most messages have no metadata: asking is much cheaper than reading the empty Struct.
-        with_truncation_flag(
-            role, content, metadata(message.metadata, ".metadata") if message.HasField("metadata") else {}
-        ),
-        status,
-        # The serialized size bounds the body's text, tool calls and metadata, and costs nothing.
-        size,
-        stored_preview(content, size),
+        given_metadata = with_truncation_flag(role, content, given_metadata)
+    # Positional: keyword arguments cost a named tuple twice as much. The serialized size bounds the
+    # body's text, tool calls and metadata, and costs nothing.
+    return MessageRow(
+        role, content, tool_calls, tool_call_id, given_metadata, status, size, stored_preview(content, size)
     )
 
 
