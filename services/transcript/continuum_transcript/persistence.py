@@ -34,6 +34,8 @@ class PersistBatch:
     # The runtime state and prompts after this batch.
     runtime_state: dict[str, Any]
     pending_prompts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # What the batch holds in memory until it is saved (the publisher's backlog bound counts it).
+    backlog_bytes: int = 0
 
 
 async def bind(database: Database, session_id: str, now_ms: int) -> Binding:

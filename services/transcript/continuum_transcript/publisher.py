@@ -367,12 +367,17 @@ class SessionPublisher:
             for resolved in prompts_resolved:
                 self.prompts.pop(resolved, None)
             self._prompts_json = {k: json_format.MessageToDict(v) for k, v in self.prompts.items()}
+        cost = _backlog_cost(rows)
         self._pending.append(
             persistence.PersistBatch(
-                seq=seq, rows=stored, runtime_state=self._runtime_json, pending_prompts=self._prompts_json
+                seq=seq,
+                rows=stored,
+                runtime_state=self._runtime_json,
+                pending_prompts=self._prompts_json,
+                backlog_bytes=cost,
             )
         )
-        self._pending_bytes += _backlog_cost(rows)
+        self._pending_bytes += cost
         self._wake_flusher.set()
         if stored or runtime_state is not None or prompts_upserted or prompts_resolved or events:
             batch = fpb.BatchFrame(
@@ -665,7 +670,7 @@ class SessionPublisher:
                     return
                 delay = 0.05
                 del self._pending[: len(group)]
-                self._pending_bytes = sum(_backlog_cost(batch.rows) for batch in self._pending)
+                self._pending_bytes = sum(batch.backlog_bytes for batch in self._pending)
                 self._advance_durable(group[-1].seq)
 
     def _report_failure(self, reason: str) -> None:
@@ -740,12 +745,9 @@ class SessionPublisher:
         return not self._pending and not self._subscribers and not self.attempts and not self._outbox
 
 
-def _backlog_cost(rows: Sequence[MessageRow] | Sequence[dict[str, Any]]) -> int:
+def _backlog_cost(rows: Sequence[MessageRow]) -> int:
     """What unsaved rows hold in memory, about: their bodies plus a little per row."""
-    return sum(
-        (row.body_bytes if isinstance(row, MessageRow) else int(row["body_bytes"])) + FRAME_OVERHEAD_BYTES
-        for row in rows
-    )
+    return sum(row.body_bytes for row in rows) + FRAME_OVERHEAD_BYTES * len(rows)
 
 
 def _copy(state: fpb.RuntimeState) -> fpb.RuntimeState:

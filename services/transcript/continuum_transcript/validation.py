@@ -60,10 +60,12 @@ def text(value: str, field: str, max_chars: int) -> str:
 
 def metadata(value: Struct, field: str = "metadata") -> dict[str, Any]:
     """A JSON object of at most 64 KiB (serialized) whose numbers are finite (JSON has no NaN)."""
-    if not value.fields:
+    # The protobuf size bounds the JSON size closely enough and is cheap to read; zero means no fields
+    # (reading the map to find out builds a wrapper for it).
+    size = value.ByteSize()
+    if not size:
         return {}
-    # The protobuf size bounds the JSON size closely enough and costs nothing to read.
-    if value.ByteSize() > MAX_METADATA_BYTES:
+    if size > MAX_METADATA_BYTES:
         raise BadRequest(field, f"must be at most {MAX_METADATA_BYTES} bytes")
     return _json_object(value, field)
 
