@@ -98,6 +98,56 @@ async def test_database_down_keeps_output_reports_and_catches_up(tmp_path: Path,
         await proxy.close()
 
 
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+async def test_unsaved_batches_are_bounded_in_bytes_and_the_bound_frees_once_they_are_saved(
+    tmp_path: Path, database_url: str
+) -> None:
+    target = urlsplit(database_url)
+    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5432)
+    await proxy.start()
+    backlog = 1024 * 1024
+    try:
+        async with running_transcript(
+            tmp_path, _through(database_url, proxy.port), publish_backlog_bytes=backlog
+        ) as client:
+            alice = client.as_user("alice")
+            sid = await create_session(client, "s")
+            await append(client, sid, user("the publisher binds before the cut"))
+            follower = Follower(client, sid)
+            await follower.until("snapshot_end")
+            body = "x" * (300 * 1024)
+            # Twice: what the first outage held must not count against the second.
+            for _ in range(2):
+                proxy.cut()
+                # Each append waits for disk, so while the database is away they pile up unsaved.
+                waiting = [
+                    asyncio.ensure_future(
+                        client.stub.AppendMessages(
+                            api.AppendMessagesRequest(session_id=sid, messages=[user(body)]), metadata=alice
+                        )
+                    )
+                    for _ in range(3)
+                ]
+                # Accepted batches are shown at once, before they are saved.
+                for _ in waiting:
+                    await follower.until("batch", seconds=20)
+                assert not any(task.done() for task in waiting)
+                # A fourth would take the unsaved bodies past the bound: refused at once, to retry later.
+                await refused(
+                    client.stub.AppendMessages(
+                        api.AppendMessagesRequest(session_id=sid, messages=[user(body)]), metadata=alice
+                    ),
+                    grpc.StatusCode.UNAVAILABLE,
+                    "PUBLISH_BACKLOG_FULL",
+                )
+                proxy.restore()
+                saved = await within(asyncio.gather(*waiting), 30, "the waiting appends to be saved")
+                assert len({response.message_ids[0] for response in saved}) == 3
+            follower.close()
+    finally:
+        await proxy.close()
+
+
 async def _runtime(stub: api_grpc.TranscriptServiceStub, acknowledged: list[int], enough: asyncio.Event) -> None:
     """An agent loop: stream an attempt, commit it, finish the turn; until the process dies."""
     alice = call_metadata(SERVICE_TOKEN, "alice")
