@@ -36,6 +36,13 @@ async def test_a_driver_connection_that_failed_is_never_handed_out_again(postgre
         await database.dispose()
 
 
+async def _backend_pid_together(database: Database, entered: asyncio.Barrier) -> int:
+    """The backend of a driver connection held until every party of `entered` holds one."""
+    async with database.driver_connection() as driver:
+        await entered.wait()
+        return int(await driver.fetchval("SELECT pg_backend_pid()"))
+
+
 def _count_checkouts(database: Database) -> list[int]:
     """A one-element list counting the connections the pool hands out from now on."""
     checkouts = [0]
@@ -52,15 +59,9 @@ async def test_driver_connections_are_kept_between_uses_up_to_half_the_pool(post
     database = Database(postgres_url, schema="public", pool_size=4)
     checkouts = _count_checkouts(database)
     try:
-
-        async def backend_pid(entered: asyncio.Barrier) -> int:
-            async with database.driver_connection() as driver:
-                await entered.wait()
-                return int(await driver.fetchval("SELECT pg_backend_pid()"))
-
         # Three at once: two are kept afterwards, the third goes back to the pool.
         entered = asyncio.Barrier(3)
-        used = set(await asyncio.gather(*(backend_pid(entered) for _ in range(3))))
+        used = set(await asyncio.gather(*(_backend_pid_together(database, entered) for _ in range(3))))
         assert len(used) == 3 and checkouts[0] == 3
         assert database.engine.pool.checkedout() == 2  # type: ignore[attr-defined]
 
@@ -109,14 +110,8 @@ async def test_kept_driver_connections_go_back_to_the_pool_once_idle_too_long(
 async def test_when_a_kept_connection_lost_its_server_the_other_kept_ones_are_discarded(postgres_url: str) -> None:
     database = Database(postgres_url, schema="public", pool_size=4)
     try:
-
-        async def backend_pid(entered: asyncio.Barrier) -> int:
-            async with database.driver_connection() as driver:
-                await entered.wait()
-                return int(await driver.fetchval("SELECT pg_backend_pid()"))
-
         entered = asyncio.Barrier(2)
-        kept = await asyncio.gather(*(backend_pid(entered) for _ in range(2)))
+        kept = await asyncio.gather(*(_backend_pid_together(database, entered) for _ in range(2)))
         # The database restarts, as far as these two connections can tell.
         admin = await asyncpg.connect(postgres_url.replace("+asyncpg", "", 1))
         try:
