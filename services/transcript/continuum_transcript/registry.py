@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 
@@ -25,7 +26,10 @@ class PublisherRegistry:
         self._settings = settings
         self._clock = clock
         self._publishers: dict[str, SessionPublisher] = {}
+        # Sessions being bound: a lock each, and how many callers hold or wait for it. An entry lives
+        # only while somebody binds, so the map stays as small as the binds in flight.
         self._binding: dict[str, asyncio.Lock] = {}
+        self._binders: collections.Counter[str] = collections.Counter()
         self._reaper: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -41,32 +45,42 @@ class PublisherRegistry:
                     await sessions.load(connection, owner, session_id)  # raises the right refusal
             return publisher
         lock = self._binding.setdefault(session_id, asyncio.Lock())
-        async with lock:
-            publisher = self._publishers.get(session_id)
-            if publisher is not None and not publisher.closed and publisher.owner == owner:
-                return publisher
-            async with self._db.connection() as connection:
-                row = await sessions.load(connection, owner, session_id)
-            binding = await persistence.bind(self._db, session_id, self._clock.now_ms())
-            publisher = SessionPublisher(
-                session_id,
-                row["owner"],
-                binding,
-                self._db,
-                PublisherLimits.of(self._settings),
-                on_closed=self._forget,
-                clock=self._clock,
-            )
-            self._publishers[session_id] = publisher
-            logger.info(
-                "publisher bound",
-                extra={
-                    "session_id": session_id,
-                    "stream_generation": binding.stream_generation,
-                    "durable_seq": binding.durable_seq,
-                },
-            )
+        self._binders[session_id] += 1
+        try:
+            async with lock:
+                return await self._bind(owner, session_id)
+        finally:
+            self._binders[session_id] -= 1
+            if not self._binders[session_id]:
+                del self._binders[session_id], self._binding[session_id]
+
+    async def _bind(self, owner: str, session_id: str) -> SessionPublisher:
+        """The session's publisher, bound now unless a caller ahead in the lock just did."""
+        publisher = self._publishers.get(session_id)
+        if publisher is not None and not publisher.closed and publisher.owner == owner:
             return publisher
+        async with self._db.connection() as connection:
+            row = await sessions.load(connection, owner, session_id)
+        binding = await persistence.bind(self._db, session_id, self._clock.now_ms())
+        publisher = SessionPublisher(
+            session_id,
+            row["owner"],
+            binding,
+            self._db,
+            PublisherLimits.of(self._settings),
+            on_closed=self._forget,
+            clock=self._clock,
+        )
+        self._publishers[session_id] = publisher
+        logger.info(
+            "publisher bound",
+            extra={
+                "session_id": session_id,
+                "stream_generation": binding.stream_generation,
+                "durable_seq": binding.durable_seq,
+            },
+        )
+        return publisher
 
     def _forget(self, publisher: SessionPublisher) -> None:
         if self._publishers.get(publisher.session_id) is publisher:
