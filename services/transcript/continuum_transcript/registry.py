@@ -31,6 +31,8 @@ class PublisherRegistry:
         self._binding: dict[str, asyncio.Lock] = {}
         self._binders: collections.Counter[str] = collections.Counter()
         self._reaper: asyncio.Task[None] | None = None
+        # Idle publishers and since when (the reaper's loop time): only publishers bound now.
+        self._idle_since: dict[SessionPublisher, float] = {}
 
     def start(self) -> None:
         """Begin reaping idle publishers."""
@@ -95,18 +97,20 @@ class PublisherRegistry:
 
     async def _reap_forever(self) -> None:
         interval = min(self._settings.publisher_idle_seconds, 30.0)
-        idle_since: dict[str, float] = {}
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(interval)
             now = loop.time()
-            for session_id, publisher in list(self._publishers.items()):
-                if not publisher.idle:
-                    idle_since.pop(session_id, None)
-                    continue
-                since = idle_since.setdefault(session_id, now)
+            # Rebuilt from the publishers bound now on every pass: one closed otherwise (its session
+            # deleted, fenced out) leaves nothing behind, and a session bound anew starts afresh.
+            self._idle_since = {
+                publisher: self._idle_since.get(publisher, now)
+                for publisher in list(self._publishers.values())
+                if publisher.idle
+            }
+            for publisher, since in list(self._idle_since.items()):
                 if now - since >= self._settings.publisher_idle_seconds:
-                    idle_since.pop(session_id, None)
+                    del self._idle_since[publisher]
                     await publisher.drain_and_close(fpb.RESYNC_REASON_REBIND, grace_seconds=5.0)
 
     async def shutdown(self, grace_seconds: float) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from deadline_testing import eventually
 from transcript_testing import create_session, running_transcript
 
 from continuum_runtime.clock import SystemClock
@@ -29,6 +30,30 @@ async def test_concurrent_callers_share_one_bind_and_the_bind_locks_do_not_accum
                 assert trio[0].session_id == session_id
             # Nothing of those binds is kept: a process that binds many sessions does not grow with them.
             assert not registry._binding and not registry._binders
+        finally:
+            await registry.shutdown(1.0)
+            await database.dispose()
+
+
+async def test_the_reaper_keeps_nothing_of_a_publisher_closed_by_anything_else(
+    tmp_path: Path, database_url: str
+) -> None:
+    async with running_transcript(tmp_path, database_url) as transcript:
+        for session_id in ("deleted", "quiet"):
+            await create_session(transcript, session_id)
+        database = Database(database_url, schema="transcript")
+        # Reaping after half a second of idleness, checked every half second.
+        settings = transcript.settings.model_copy(update={"publisher_idle_seconds": 0.5})
+        registry = PublisherRegistry(database, settings, SystemClock())
+        try:
+            deleted = await registry.get("alice", "deleted")
+            quiet = await registry.get("alice", "quiet")
+            registry.start()
+            await eventually(lambda: set(registry._idle_since) == {deleted, quiet}, what="both noted as idle")
+            # Closed by its session's deletion, not by the reaper.
+            registry.end_sessions(["deleted"])
+            await eventually(lambda: quiet.closed, what="the quiet publisher reaped")
+            assert not registry._idle_since
         finally:
             await registry.shutdown(1.0)
             await database.dispose()
