@@ -59,6 +59,8 @@ class PublisherLimits:
     max_attempt_bytes: int
     max_pending_prompts: int
     backlog_bytes: int
+    # An open attempt without a chunk for this long is taken for abandoned (its runtime died).
+    abandoned_attempt_ms: int
 
     @classmethod
     def of(cls, settings: TranscriptSettings) -> PublisherLimits:
@@ -74,6 +76,7 @@ class PublisherLimits:
             max_attempt_bytes=settings.max_message_bytes,
             max_pending_prompts=settings.max_pending_prompts,
             backlog_bytes=settings.publish_backlog_bytes,
+            abandoned_attempt_ms=round(settings.publisher_idle_seconds * 1000),
         )
 
 
@@ -84,6 +87,8 @@ class Attempt:
     ref: fpb.AttemptRef
     chunks: list[str] = field(default_factory=list)
     text_bytes: int = 0
+    # When it was opened or last showed a chunk (epoch ms).
+    active_ms: int = 0
 
 
 def prefix_pieces(ref: fpb.AttemptRef, chunks: Sequence[str], max_bytes: int) -> Iterator[fpb.ActivePrefix]:
@@ -417,7 +422,9 @@ class SessionPublisher:
                 f"at most {self._limits.max_open_attempts} sampling attempts may be open at once",
                 metadata={"session_id": self.session_id, "max_open_attempts": self._limits.max_open_attempts},
             )
-        self.attempts[ref.message_key] = Attempt(fpb.AttemptRef(message_key=ref.message_key, attempt=ref.attempt))
+        self.attempts[ref.message_key] = Attempt(
+            fpb.AttemptRef(message_key=ref.message_key, attempt=ref.attempt), active_ms=self._clock.now_ms()
+        )
         self._emit(api.FollowResponse(stream_generation=self.stream_generation, attempt_opened=ref))
 
     def append_chunks(self, ref: fpb.AttemptRef, first_index: int, chunks: list[str]) -> int:
@@ -434,6 +441,7 @@ class SessionPublisher:
                 f"an attempt's text is limited to {self._limits.max_attempt_bytes} bytes, like the message it becomes",
                 metadata={"message_key": attempt.ref.message_key, "text_bytes": attempt.text_bytes},
             )
+        attempt.active_ms = self._clock.now_ms()
         for offset, (text, size) in enumerate(zip(chunks, sizes, strict=True)):
             attempt.chunks.append(text)
             attempt.text_bytes += size
@@ -741,8 +749,16 @@ class SessionPublisher:
 
     @property
     def idle(self) -> bool:
-        """Nothing pending, nobody following, no attempt open."""
-        return not self._pending and not self._subscribers and not self.attempts and not self._outbox
+        """Nothing pending, nobody following, no attempt open but abandoned ones.
+
+        An attempt whose runtime died is never committed or cancelled. Once it has shown nothing for
+        the idle period it no longer keeps the publisher, which would otherwise live as long as the
+        process: reaping drops its unsaved text, as the runtime's crash did (what was shown but never
+        committed is not promised to survive)."""
+        if self._pending or self._subscribers or self._outbox:
+            return False
+        quiet_since = self._clock.now_ms() - self._limits.abandoned_attempt_ms
+        return all(attempt.active_ms <= quiet_since for attempt in self.attempts.values())
 
 
 def _backlog_cost(rows: Sequence[MessageRow]) -> int:

@@ -31,7 +31,7 @@ class PublisherRegistry:
         self._binding: dict[str, asyncio.Lock] = {}
         self._binders: collections.Counter[str] = collections.Counter()
         self._reaper: asyncio.Task[None] | None = None
-        # Idle publishers and since when (the reaper's loop time): only publishers bound now.
+        # Idle publishers and since when (the clock's monotonic time): only publishers bound now.
         self._idle_since: dict[SessionPublisher, float] = {}
 
     def start(self) -> None:
@@ -97,10 +97,9 @@ class PublisherRegistry:
 
     async def _reap_forever(self) -> None:
         interval = min(self._settings.publisher_idle_seconds, 30.0)
-        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(interval)
-            now = loop.time()
+            await self._clock.sleep(interval)
+            now = self._clock.monotonic()
             # Rebuilt from the publishers bound now on every pass: one closed otherwise (its session
             # deleted, fenced out) leaves nothing behind, and a session bound anew starts afresh.
             self._idle_since = {

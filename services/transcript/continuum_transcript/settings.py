@@ -50,7 +50,8 @@ class TranscriptSettings(ServiceSettings):
     # Accepted batches waiting to be saved (the database is slow or down): past this many bytes a
     # new batch is refused with UNAVAILABLE PUBLISH_BACKLOG_FULL instead of growing memory.
     publish_backlog_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
-    # Message ids reserved at once by a publisher, and how long an unused publisher lives.
+    # Message ids reserved at once by a publisher, and how long an unused publisher lives (a sampling
+    # attempt that shows nothing for as long counts as abandoned and does not keep it).
     publisher_id_block: int = Field(default=1024, ge=1)
     publisher_idle_seconds: float = Field(default=300.0, gt=0)
 

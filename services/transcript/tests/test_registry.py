@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from clock_testing import ManualClock
 from deadline_testing import eventually
 from transcript_testing import create_session, running_transcript
 
+from continuum.transcript.v1 import follow_pb2 as fpb
 from continuum_runtime.clock import SystemClock
 from continuum_runtime.database import Database
 from continuum_transcript.registry import PublisherRegistry
@@ -54,6 +56,46 @@ async def test_the_reaper_keeps_nothing_of_a_publisher_closed_by_anything_else(
             registry.end_sessions(["deleted"])
             await eventually(lambda: quiet.closed, what="the quiet publisher reaped")
             assert not registry._idle_since
+        finally:
+            await registry.shutdown(1.0)
+            await database.dispose()
+
+
+async def test_an_attempt_its_runtime_abandoned_stops_keeping_its_publisher(tmp_path: Path, database_url: str) -> None:
+    async with running_transcript(tmp_path, database_url) as transcript:
+        await create_session(transcript, "s")
+        database = Database(database_url, schema="transcript")
+        clock = ManualClock()
+        # Idle for a minute: reaper passes every 30 s.
+        settings = transcript.settings.model_copy(update={"publisher_idle_seconds": 60.0})
+        registry = PublisherRegistry(database, settings, clock)
+        try:
+            publisher = await registry.get("alice", "s")
+            ref = fpb.AttemptRef(message_key="m", attempt=1)
+            publisher.open_attempt(ref)
+            publisher.append_chunks(ref, 0, ["partial "])
+            registry.start()
+
+            async def reaper_pass() -> None:
+                await eventually(lambda: clock.sleepers == 1, what="the reaper waiting for its next pass")
+                clock.advance(30)
+                await eventually(lambda: clock.sleepers == 1, what="the reaper done with its pass")
+
+            await reaper_pass()
+            publisher.append_chunks(ref, 1, ["output"])  # the runtime is alive: 30 s later, a chunk
+            await reaper_pass()
+            assert publisher not in registry._idle_since and not publisher.closed
+            # A minute without a chunk: the attempt counts as abandoned, the publisher as idle ...
+            await reaper_pass()
+            assert publisher in registry._idle_since
+            await reaper_pass()
+            assert not publisher.closed
+            # ... and after the idle period it is reaped. The unsaved text goes with it, as the
+            # runtime's crash left it; the session's next publisher has no such attempt.
+            await reaper_pass()
+            assert publisher.closed
+            rebound = await registry.get("alice", "s")
+            assert rebound is not publisher and not rebound.attempts
         finally:
             await registry.shutdown(1.0)
             await database.dispose()
