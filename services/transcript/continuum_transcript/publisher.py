@@ -305,7 +305,7 @@ class SessionPublisher:
         its sequence and its messages' ids."""
         async with self._accept:
             self._check_open()
-            self._check_backlog(rows)
+            self._check_backlog(_backlog_cost(rows))
             self._check_prompts(prompts_upserted or [], prompts_resolved or [])
             await self._ensure_ids(len(rows))
             if settles is not None:
@@ -473,7 +473,9 @@ class SessionPublisher:
             self._open(ref)
             await self._ensure_ids(1)
             # Read what was shown in the same synchronous step that ends the attempt, so no
-            # chunk can slip in between.
+            # chunk can slip in between. The stored message counts against the backlog like any
+            # batch: refused, the attempt stays open for a retry.
+            self._check_backlog(self._open(ref).text_bytes + FRAME_OVERHEAD_BYTES)
             shown = "".join(self._take_attempt(ref).chunks)
             content = [{"text": shown}] if shown else []
             size = bodies.utf8_size(shown)
@@ -549,9 +551,10 @@ class SessionPublisher:
         settlement = fpb.SettlementFrame(attempt=ref, seq=seq, message_id=message_id, outcome=outcome)  # type: ignore[arg-type]
         self._emit(api.FollowResponse(stream_generation=self.stream_generation, settlement=settlement), barrier=seq)
 
-    def _check_backlog(self, rows: list[MessageRow]) -> None:
-        """Refuse a batch while unsaved batches fill the backlog (the database is slow or down)."""
-        if self._pending and self._pending_bytes + _backlog_cost(rows) > self._limits.backlog_bytes:
+    def _check_backlog(self, cost: int) -> None:
+        """Refuse a batch of `cost` bytes while unsaved batches fill the backlog (the database is slow
+        or down)."""
+        if self._pending and self._pending_bytes + cost > self._limits.backlog_bytes:
             raise PublishBacklogFull(
                 "accepted messages are still waiting to be saved; retry later",
                 metadata={"session_id": self.session_id, "durable_seq": self.durable_seq},

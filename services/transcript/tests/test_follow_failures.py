@@ -30,6 +30,7 @@ from transcript_testing import (
 )
 
 from continuum.transcript.v1 import follow_pb2 as fpb
+from continuum.transcript.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as api
 from continuum.transcript.v1 import transcript_service_pb2_grpc as api_grpc
 from continuum_runtime.auth import call_metadata
@@ -143,6 +144,62 @@ async def test_unsaved_batches_are_bounded_in_bytes_and_the_bound_frees_once_the
                 proxy.restore()
                 saved = await within(asyncio.gather(*waiting), 30, "the waiting appends to be saved")
                 assert len({response.message_ids[0] for response in saved}) == 3
+            follower.close()
+    finally:
+        await proxy.close()
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+async def test_a_cancel_that_would_overfill_the_unsaved_backlog_is_refused_and_can_be_retried(
+    tmp_path: Path, database_url: str
+) -> None:
+    target = urlsplit(database_url)
+    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5432)
+    await proxy.start()
+    try:
+        async with running_transcript(
+            tmp_path, _through(database_url, proxy.port), publish_backlog_bytes=1024 * 1024
+        ) as client:
+            alice = client.as_user("alice")
+            sid = await create_session(client, "s")
+            await append(client, sid, user("the publisher binds before the cut"))
+            ref = fpb.AttemptRef(message_key="m", attempt=1)
+            await client.stub.OpenAttempt(api.OpenAttemptRequest(session_id=sid, attempt=ref), metadata=alice)
+            # 300 KiB shown, in chunks within the chunk limit.
+            pieces = ["y" * (60 * 1024)] * 5
+            shown = "".join(pieces)
+            await client.stub.AppendChunks(
+                api.AppendChunksRequest(session_id=sid, attempt=ref, first_chunk_index=0, chunks=pieces),
+                metadata=alice,
+            )
+            follower = Follower(client, sid)
+            await follower.until("snapshot_end")
+            proxy.cut()
+            body = "x" * (300 * 1024)
+            waiting = [
+                asyncio.ensure_future(
+                    client.stub.AppendMessages(
+                        api.AppendMessagesRequest(session_id=sid, messages=[user(body)]), metadata=alice
+                    )
+                )
+                for _ in range(3)
+            ]
+            for _ in waiting:
+                await follower.until("batch", seconds=20)
+            # Storing the shown text would take the unsaved bodies past the bound.
+            cancel = api.CancelAttemptRequest(session_id=sid, attempt=ref)
+            await refused(
+                client.stub.CancelAttempt(cancel, metadata=alice), grpc.StatusCode.UNAVAILABLE, "PUBLISH_BACKLOG_FULL"
+            )
+            proxy.restore()
+            await within(asyncio.gather(*waiting), 30, "the waiting appends to be saved")
+            # The attempt stayed open: the retry stores what was shown.
+            cancelled = await client.stub.CancelAttempt(cancel, metadata=alice)
+            stored = await client.stub.GetMessage(
+                api.GetMessageRequest(session_id=sid, message_id=cancelled.message_id), metadata=alice
+            )
+            assert stored.message.status == pb.MESSAGE_STATUS_INTERRUPTED
+            assert stored.message.content[0].text == shown
             follower.close()
     finally:
         await proxy.close()
