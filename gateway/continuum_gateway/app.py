@@ -63,7 +63,9 @@ def create_app(settings: GatewaySettings) -> Starlette:
         async with upstream.connect(settings) as upstreams:
             # Shared Follow streams keep recent frames for browsers switching over from their own
             # baseline; more than a browser's whole buffer would only end in its overflow.
-            hubs = follow_hub.Hubs(recent_frames=settings.follow_buffer_frames)
+            hubs = follow_hub.Hubs(
+                recent_frames=settings.follow_buffer_frames, recent_chars=settings.follow_buffer_chars
+            )
             try:
                 yield {upstream.STATE_KEY: upstreams, follow_hub.STATE_KEY: hubs}
             finally:

@@ -220,6 +220,7 @@ class Hub:
         upstreams: Upstreams,
         request: transcript_service_pb2.FollowRequest,
         recent_frames: int,
+        recent_chars: int,
     ) -> None:
         self.key = key
         self._hubs = hubs
@@ -229,10 +230,13 @@ class Hub:
         # Browsers on private streams, by the switch point their last relayed frame is.
         self._waiting: dict[AlignKey, set[Outbox]] = {}
         self._waiting_at: dict[Outbox, AlignKey] = {}
-        # The most recent suffix frames (`_first` is the stream position of the oldest), and the
-        # position of each switch point among them.
+        # The most recent suffix frames, at most `recent_frames` of them and `recent_chars` characters
+        # (the newest is kept even alone above that; `_first` is the stream position of the oldest),
+        # and the position of each switch point among them.
         self._recent: deque[_Relayed] = deque()
         self._recent_limit = max(1, recent_frames)
+        self._recent_char_limit = recent_chars
+        self._recent_chars = 0
         self._first = 0
         self._positions: dict[AlignKey, int] = {}
         self._keys: deque[tuple[int, AlignKey]] = deque()
@@ -343,14 +347,17 @@ class Hub:
 
     def _remember(self, frame: transcript_service_pb2.FollowResponse, relayed: _Relayed) -> None:
         """Keep a suffix frame for browsers that switch over behind it; switch those waiting for it."""
-        if len(self._recent) == self._recent_limit:
-            self._recent.popleft()
-            self._first += 1
-            while self._keys and self._keys[0][0] < self._first:
-                _, old = self._keys.popleft()
-                self._positions.pop(old, None)
         position = self._first + len(self._recent)
         self._recent.append(relayed)
+        self._recent_chars += len(relayed.text)
+        while len(self._recent) > 1 and (
+            len(self._recent) > self._recent_limit or self._recent_chars > self._recent_char_limit
+        ):
+            self._recent_chars -= len(self._recent.popleft().text)
+            self._first += 1
+        while self._keys and self._keys[0][0] < self._first:
+            _, old = self._keys.popleft()
+            self._positions.pop(old, None)
         key = alignment_key(frame, relayed.kind)
         if key is None:
             return
@@ -381,8 +388,9 @@ class Hub:
 class Hubs:
     """The app's hubs by key (held in the lifespan state)."""
 
-    def __init__(self, recent_frames: int) -> None:
+    def __init__(self, recent_frames: int, recent_chars: int) -> None:
         self._recent_frames = recent_frames
+        self._recent_chars = recent_chars
         self._hubs: dict[HubKey, Hub] = {}
         # Every hub whose call is not over yet (a retired hub may still be ending it).
         self._all: set[Hub] = set()
@@ -404,7 +412,7 @@ class Hubs:
         hub = self.find(key)
         if hub is not None:
             return hub, False
-        hub = Hub(self, key, upstreams, request, self._recent_frames)
+        hub = Hub(self, key, upstreams, request, self._recent_frames, self._recent_chars)
         self._hubs[key] = hub
         self._all.add(hub)
         hub.start(outbox)

@@ -11,7 +11,7 @@ from typing import Any, cast
 import grpc
 import pytest
 
-from continuum.transcript.v1 import follow_pb2, transcript_service_pb2
+from continuum.transcript.v1 import follow_pb2, resources_pb2, transcript_service_pb2
 from continuum_gateway.follow_hub import Close, Hub, Hubs, Outbox, alignment_key, frame_message
 from continuum_gateway.upstream import Upstreams
 
@@ -148,7 +148,7 @@ class Private:
 
 @pytest.fixture
 async def hubs() -> AsyncIterator[Hubs]:
-    registry = Hubs(recent_frames=8)
+    registry = Hubs(recent_frames=8, recent_chars=1 << 20)
     try:
         yield registry
     finally:
@@ -282,6 +282,36 @@ async def test_a_browser_too_far_behind_stays_on_its_own_stream(hubs: Hubs) -> N
     call.items.put_nowait(batch(30))
     await settle()
     assert describe(drain(joiner)) == ["batch:30"]
+
+
+def large_batch(seq: int) -> Frame:
+    """A batch carrying a message of 10,000 characters."""
+    message = resources_pb2.Message(message_id=seq, content=[resources_pb2.ContentPart(text="x" * 10_000)])
+    return Frame(
+        stream_generation=GENERATION, batch=follow_pb2.BatchFrame(base_seq=seq - 1, seq=seq, messages=[message])
+    )
+
+
+async def test_the_recent_frames_are_bounded_in_characters_too() -> None:
+    # Room for 100 frames, but only for three and a half of these large ones.
+    size = len(frame_message(large_batch(11), "batch"))
+    hubs = Hubs(recent_frames=100, recent_chars=size * 7 // 2)
+    try:
+        upstreams = _Upstreams()
+        hub, _, call = await _live_hub(hubs, upstreams)
+        for seq in range(11, 30):
+            call.items.put_nowait(large_batch(seq))
+        await settle()
+        joiner = Outbox(64, 1 << 24)
+        hubs.join(cast(Upstreams, upstreams), REQUEST, "alice", joiner)
+        private = Private(hub, joiner)
+        private.baseline()
+        assert not private.relay(large_batch(11))
+        assert not private.relay(large_batch(26))  # forgotten: the hub keeps 27..29, by their size
+        assert private.relay(large_batch(27))
+        assert describe(drain(joiner))[-4:] == ["batch:26", "batch:27", "batch:28", "batch:29"]
+    finally:
+        await hubs.close()
 
 
 async def test_one_browser_overflowing_or_leaving_leaves_the_others_alone(hubs: Hubs) -> None:
