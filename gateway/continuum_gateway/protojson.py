@@ -27,6 +27,9 @@ from continuum_runtime.errors import FieldViolation
 
 MessageT = TypeVar("MessageT", bound=Message)
 
+# How deep JSON objects and arrays may nest in a body. Metadata is free-form JSON, and protobuf decodes
+# no deeper than about 33 levels of it; a body past that would pass here and fail upstream as a 500.
+MAX_BODY_DEPTH = 32
 # The longest piece of a refused value quoted back in an error.
 _QUOTED_CHARS = 64
 _INT32 = "an integer from -2147483648 to 2147483647"
@@ -78,12 +81,38 @@ async def parse_body(request: Request, message: MessageT, *, field_prefix: str =
         raise GatewayError.invalid_argument("body", f"not valid JSON: {error}", reason="INVALID_JSON") from None
     if not isinstance(body, dict):
         raise GatewayError.invalid_argument("body", "must be a JSON object", reason="INVALID_JSON")
+    too_deep = _nested_too_deep(body, field_prefix.rstrip("."))
+    if too_deep is not None:
+        raise GatewayError.invalid_argument(too_deep, f"is nested more than {MAX_BODY_DEPTH} levels deep")
     try:
         json_format.ParseDict(body, message)
     except (json_format.ParseError, RecursionError):
         violation = refused_field(body, descriptor_of(message), field_prefix.rstrip("."))
         raise GatewayError.invalid_argument(violation.field, violation.description) from None
     return message
+
+
+def _nested_too_deep(body: dict[str, Any], prefix: str) -> str | None:
+    """The path of the first object or array of `body` nested more than MAX_BODY_DEPTH levels deep, if any."""
+    pending: list[tuple[object, str, int]] = [(body, prefix, 1)]
+    while pending:
+        value, path, depth = pending.pop()
+        if depth > MAX_BODY_DEPTH:
+            return path or "body"
+        # Only containers are walked: a body's strings and numbers nest nothing.
+        if isinstance(value, dict):
+            pending.extend(
+                (item, f"{path}.{key}" if path else str(key), depth + 1)
+                for key, item in value.items()
+                if isinstance(item, (dict, list))
+            )
+        elif isinstance(value, list):
+            pending.extend(
+                (item, f"{path}[{index}]", depth + 1)
+                for index, item in enumerate(value)
+                if isinstance(item, (dict, list))
+            )
+    return None
 
 
 def bind_query(

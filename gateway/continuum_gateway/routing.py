@@ -15,12 +15,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from google.protobuf.empty_pb2 import Empty
 from google.protobuf.message import Message
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from continuum_gateway.errors import UpstreamError
+from continuum_gateway.errors import GatewayError, UpstreamError
 from continuum_gateway.field_paths import json_path, proto_name
 from continuum_gateway.proto_schema import SchemaBuilder, descriptor_of
 from continuum_gateway.protojson import bind_field, bind_query, parse_body
@@ -126,14 +127,31 @@ def operation_of(request: Request) -> Operation:
 
 async def bind(request: Request, message: MessageT) -> MessageT:
     """Fill `message` from the request as its operation says: the body first, then path and query
-    parameters (so the path names the resource whatever the body says). Unknown query parameters
-    are refused."""
+    parameters. A body field the path also names must say the same or be left out; an operation
+    without a body takes none (or `{}`). Unknown query parameters are refused."""
     operation = operation_of(request)
     if operation.body == "*":
         await parse_body(request, message)
     elif operation.body is not None:
         target = getattr(message, proto_name(operation.body))
         await parse_body(request, target, field_prefix=operation.body)
+    else:
+        # No body, or `{}`: anything else is refused rather than ignored.
+        await parse_body(request, Empty())
     for parameter, path in operation.path.items():
+        said = _bound_value(message, path)
         bind_field(message, path, parameter, request.path_params[parameter])
+        if said and said != _bound_value(message, path):
+            raise GatewayError.invalid_argument(
+                json_path(path, descriptor_of(message)),
+                f"must be left out or match the path's {parameter} ({request.path_params[parameter]!r})",
+            )
     return bind_query(request, message, operation.query, values=operation.query_values)
+
+
+def _bound_value(message: Message, path: str) -> object:
+    """The value of the field at `path` (dot-separated JSON names) as it is set now."""
+    *parents, leaf = path.split(".")
+    for name in parents:
+        message = getattr(message, proto_name(name))
+    return getattr(message, proto_name(leaf))

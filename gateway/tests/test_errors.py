@@ -36,6 +36,7 @@ from continuum_gateway.errors import (
     upstream_error_body,
     upstream_error_response,
 )
+from continuum_gateway.protojson import MAX_BODY_DEPTH
 from continuum_runtime.errors import FieldViolation, InvalidArgument, ServiceError, Unauthenticated
 
 # google/rpc/code.proto, written out independently of the table under test.
@@ -320,6 +321,49 @@ async def test_bad_json_is_refused_by_the_gateway_before_any_upstream_call(offli
     response = await offline_gateway.post("/v1/sessions", headers=bearer(ALICE_TOKEN), json={"titel": "typo"})
     error = assert_error(response, 400, "INVALID_ARGUMENT", "INVALID_ARGUMENT")
     assert "titel" in error["message"]
+
+
+async def test_bodies_nested_deeper_than_protobuf_decodes_are_refused_naming_where(
+    offline_gateway: httpx.AsyncClient,
+) -> None:
+    # Metadata is free-form JSON; at 33 levels or more it passed here, then failed upstream as a 500.
+    metadata: dict[str, object] = {"leaf": 1}
+    for _ in range(MAX_BODY_DEPTH):
+        metadata = {"a": metadata}
+    response = await offline_gateway.post("/v1/sessions", headers=bearer(ALICE_TOKEN), json={"metadata": metadata})
+    error = assert_error(response, 400, "INVALID_ARGUMENT", "INVALID_ARGUMENT")
+    (violation,) = violations(error)
+    assert violation["field"] == "metadata" + ".a" * (MAX_BODY_DEPTH - 1)
+    assert f"more than {MAX_BODY_DEPTH} levels" in violation["description"]
+    # Just within the bound it goes on to the service (down here: 503).
+    within_bound = await offline_gateway.post(
+        "/v1/sessions",
+        headers=bearer(ALICE_TOKEN),
+        json={"metadata": metadata["a"]["a"]},  # type: ignore[index]
+    )
+    assert_error(within_bound, 503, "UNAVAILABLE", "UPSTREAM_UNAVAILABLE")
+
+
+async def test_a_method_without_a_body_refuses_one_instead_of_ignoring_it(offline_gateway: httpx.AsyncClient) -> None:
+    session = "/v1/sessions/s-a"
+    for body in (b"junk", b"[1]"):
+        response = await offline_gateway.request("DELETE", session, headers=bearer(ALICE_TOKEN), content=body)
+        assert violations(assert_error(response, 400, "INVALID_ARGUMENT", "INVALID_JSON"))[0]["field"] == "body"
+    unknown = await offline_gateway.request("DELETE", session, headers=bearer(ALICE_TOKEN), json={"force": True})
+    assert violations(assert_error(unknown, 400, "INVALID_ARGUMENT"))[0]["field"] == "body"
+    # None, or an empty object, is what the method takes (the service is down here: 503).
+    for body in (b"", b"{}"):
+        response = await offline_gateway.request("DELETE", session, headers=bearer(ALICE_TOKEN), content=body)
+        assert_error(response, 503, "UNAVAILABLE", "UPSTREAM_UNAVAILABLE")
+
+
+async def test_a_body_naming_another_resource_than_the_path_is_refused(offline_gateway: httpx.AsyncClient) -> None:
+    update = "/v1/sessions/s-a?updateMask=title"
+    other = await offline_gateway.patch(update, headers=bearer(ALICE_TOKEN), json={"sessionId": "s-b", "title": "t"})
+    (violation,) = violations(assert_error(other, 400, "INVALID_ARGUMENT", "INVALID_ARGUMENT"))
+    assert violation["field"] == "session.sessionId" and "s-a" in violation["description"]
+    same = await offline_gateway.patch(update, headers=bearer(ALICE_TOKEN), json={"sessionId": "s-a", "title": "t"})
+    assert_error(same, 503, "UNAVAILABLE", "UPSTREAM_UNAVAILABLE")
 
 
 def test_reasons_more_precise_than_their_code_have_their_own_status() -> None:

@@ -239,9 +239,13 @@ async def test_bad_ids_and_epochs_name_the_parameter(merge_gateway: httpx.AsyncC
         await merge_gateway.post(f"/v1/session-merges/{unknown}:cancel", headers=ALICE),
     ):
         assert_error(response, 404, "NOT_FOUND", "MERGE_OPERATION_NOT_FOUND")
-    # The path, not the body, names the operation.
-    named = await merge_gateway.post(
+    # The path names the operation: a body naming another is refused, one naming the same is fine.
+    other = await merge_gateway.post(
         f"/v1/session-merges/{unknown}:resume", headers=ALICE, json={"expectedEpoch": "1", "operationId": "x"}
+    )
+    assert [v["field"] for v in violations(assert_error(other, 400, "INVALID_ARGUMENT"))] == ["operationId"]
+    named = await merge_gateway.post(
+        f"/v1/session-merges/{unknown}:resume", headers=ALICE, json={"expectedEpoch": "1", "operationId": unknown}
     )
     assert_error(named, 404, "NOT_FOUND", "MERGE_OPERATION_NOT_FOUND")
     assert_error(
