@@ -20,6 +20,9 @@ MAX_TITLE_CHARS = 1_000
 MAX_MODEL_CHARS = 200
 MAX_PATH_CHARS = 4_096
 MAX_METADATA_BYTES = 64 * 1024
+# Objects and arrays nested in metadata: protobuf decodes about 33 levels of a Struct, no more.
+MAX_METADATA_DEPTH = 32
+_TOO_DEEP = f"must not nest objects and arrays more than {MAX_METADATA_DEPTH} levels deep"
 MAX_TOOL_CALL_ID_CHARS = 256
 MAX_TOOL_NAME_CHARS = 256
 MAX_TOOL_CALLS = 128
@@ -73,13 +76,15 @@ def metadata(value: Struct, field: str = "metadata") -> dict[str, Any]:
 # The JSON form of a Struct is what json_format.MessageToDict gives (numbers as floats, a missing kind
 # as null), built directly: MessageToDict's generic dispatch costs ~10 µs per small object, paid by
 # every appended message with metadata, and it raises a bare ValueError on NaN or Infinity.
-def _json_object(value: Struct, field: str) -> dict[str, Any]:
+def _json_object(value: Struct, field: str, depth: int = 1) -> dict[str, Any]:
+    if depth > MAX_METADATA_DEPTH:
+        raise BadRequest(field, _TOO_DEEP)
     fields = value.fields
     # Keys, then lookups: the map's items() goes through the pure-Python Mapping mixin, 2x slower.
-    return {key: _json_value(fields[key], field) for key in fields}
+    return {key: _json_value(fields[key], field, depth) for key in fields}
 
 
-def _json_value(value: Value, field: str) -> Any:
+def _json_value(value: Value, field: str, depth: int) -> Any:
     kind = value.WhichOneof("kind")
     if kind == "string_value":
         return value.string_value
@@ -91,9 +96,11 @@ def _json_value(value: Value, field: str) -> Any:
     if kind == "bool_value":
         return value.bool_value
     if kind == "struct_value":
-        return _json_object(value.struct_value, field)
+        return _json_object(value.struct_value, field, depth + 1)
     if kind == "list_value":
-        return [_json_value(item, field) for item in value.list_value.values]
+        if depth >= MAX_METADATA_DEPTH:
+            raise BadRequest(field, _TOO_DEEP)
+        return [_json_value(item, field, depth + 1) for item in value.list_value.values]
     return None  # null_value, or no kind set
 
 

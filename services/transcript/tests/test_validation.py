@@ -42,3 +42,24 @@ def test_metadata_numbers_must_be_finite(number: float) -> None:
         validation.metadata(value, "messages[3].metadata")
 
     assert [violation.field for violation in refused.value.violations] == ["messages[3].metadata"]
+
+
+def _nested(levels: int, container: str) -> Struct:
+    """Metadata whose objects (or arrays, below the top object) nest `levels` deep."""
+    inner: object = {"leaf": 1} if container == "object" else [1]
+    for _ in range(levels - 2):
+        inner = {"a": inner} if container == "object" else [inner]
+    value = Struct()
+    value.update({"a": inner})
+    return value
+
+
+@pytest.mark.parametrize("container", ["object", "array"])
+def test_metadata_nests_at_most_as_deep_as_protobuf_decodes(container: str) -> None:
+    deepest = _nested(validation.MAX_METADATA_DEPTH, container)
+    assert validation.metadata(deepest, "metadata") == json_format.MessageToDict(deepest)
+
+    with pytest.raises(BadRequest) as refused:
+        validation.metadata(_nested(validation.MAX_METADATA_DEPTH + 1, container), "messages[1].metadata")
+    (violation,) = refused.value.violations
+    assert violation.field == "messages[1].metadata" and "32 levels" in violation.description
