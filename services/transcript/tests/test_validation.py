@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 from google.protobuf import json_format
@@ -46,7 +47,7 @@ def test_metadata_numbers_must_be_finite(number: float) -> None:
 
 def _nested(levels: int, container: str) -> Struct:
     """Metadata whose objects (or arrays, below the top object) nest `levels` deep."""
-    inner: object = {"leaf": 1} if container == "object" else [1]
+    inner: Any = {"leaf": 1} if container == "object" else [1]
     for _ in range(levels - 2):
         inner = {"a": inner} if container == "object" else [inner]
     value = Struct()
