@@ -80,7 +80,13 @@ async def create(connection: AsyncConnection, owner: str, new: NewSession, now_m
     statement = insert_ignoring_conflicts(connection, sessions).values(values).on_conflict_do_nothing()
     inserted = (await connection.execute(statement)).rowcount == 1
     row = (await connection.execute(select(sessions).where(sessions.c.session_id == session_id))).mappings().one()
-    if not inserted and (row["owner"] != owner or row["create_fingerprint"] != fingerprint or row["deleted"]):
+    if not inserted and row["owner"] == owner and row["deleted"]:
+        # Only the owner learns that the id was theirs: to anyone else it is just taken.
+        raise SessionAlreadyExists(
+            "a deleted session of yours had this id, and session ids are never used again",
+            metadata={"session_id": session_id},
+        )
+    if not inserted and (row["owner"] != owner or row["create_fingerprint"] != fingerprint):
         raise SessionAlreadyExists("a different session already has this id", metadata={"session_id": session_id})
     return row, inserted
 

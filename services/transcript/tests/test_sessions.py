@@ -44,6 +44,23 @@ async def test_caller_supplied_id_is_idempotent(transcript: TranscriptClient) ->
     )
 
 
+async def test_a_deleted_sessions_id_is_not_used_again_and_its_owner_is_told_why(transcript: TranscriptClient) -> None:
+    alice, bob = transcript.as_user("alice"), transcript.as_user("bob")
+    request = api.CreateSessionRequest(session_id="gone", title="a")
+    await transcript.stub.CreateSession(request, metadata=alice)
+    await transcript.stub.DeleteSession(api.DeleteSessionRequest(session_id="gone"), metadata=alice)
+    # Even the very same request: the id stays the deleted session's.
+    mine = await refused(
+        transcript.stub.CreateSession(request, metadata=alice), grpc.StatusCode.ALREADY_EXISTS, "SESSION_ALREADY_EXISTS"
+    )
+    assert "deleted session of yours" in mine.message
+    # Anyone else only learns that the id is taken.
+    theirs = await refused(
+        transcript.stub.CreateSession(request, metadata=bob), grpc.StatusCode.ALREADY_EXISTS, "SESSION_ALREADY_EXISTS"
+    )
+    assert "deleted" not in theirs.message
+
+
 async def test_other_users_session_is_permission_denied_before_not_found(transcript: TranscriptClient) -> None:
     alice, bob = transcript.as_user("alice"), transcript.as_user("bob")
     created = await transcript.stub.CreateSession(api.CreateSessionRequest(session_id="mine"), metadata=alice)
