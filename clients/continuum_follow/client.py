@@ -77,6 +77,8 @@ class Update:
     frame: api.FollowResponse | None
     outcome: Outcome
     store: RecordStore
+    # For a disconnect, what ended the call as gRPC said it ("UNAVAILABLE: ..."); "" when it just closed.
+    cause: str = ""
 
     @property
     def kind(self) -> str:
@@ -113,6 +115,8 @@ class FollowClient:
         self._dropping = False
         self._running = False
         self._server_faults = 0
+        # What ended the last call, when it failed (see `Update.cause`).
+        self._failure = ""
         # Counters, for diagnostics and tests.
         self.followed_times = 0
         self.frames_applied = 0
@@ -174,7 +178,7 @@ class FollowClient:
                 if ended is None:
                     self.disconnects += 1
                     ended = Outcome.resync(DISCONNECT, resumable=True)
-                    yield Update(None, ended, self.store)
+                    yield Update(None, ended, self.store, self._failure)
                 else:
                     self.resyncs[ended.reason] += 1
                 resume = ended.resumable
@@ -190,6 +194,7 @@ class FollowClient:
         call = self._stub.Follow(request, metadata=self._metadata)
         self._call = call
         self._dropping = False
+        self._failure = ""
         self.followed_times += 1
         try:
             while True:
@@ -208,6 +213,7 @@ class FollowClient:
         except grpc.aio.AioRpcError as error:
             if not self._cancelled_by_us():
                 _raise_if_permanent(error, self._capabilities)
+                self._failure = f"{error.code().name}: {error.details()}"
                 if error.code() in RETRYABLE_FEW_TIMES:
                     self._server_faults += 1
                     if self._server_faults >= MAX_SERVER_FAULTS:

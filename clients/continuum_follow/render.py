@@ -93,7 +93,12 @@ class Renderer:
         out: list[str] = []
         if update.outcome.status is Status.RESYNC:
             if update.kind == DISCONNECT:
-                self._note(out, "connection lost; following again")
+                # Never connected: say so, and why (a wrong address, the service down), rather than
+                # "lost" a connection there never was.
+                lost = "connection lost" if update.store.cursor is not None else "cannot reach the transcript service"
+                self._note(
+                    out, f"{lost} ({update.cause}); following again" if update.cause else f"{lost}; following again"
+                )
             else:
                 self._note(out, f"resync ({update.outcome.reason}); following again")
             return "".join(out)

@@ -4,8 +4,12 @@ overflow, restart and old peers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import sqlite3
+from collections.abc import AsyncGenerator
 from pathlib import Path
+from typing import cast
 
 import grpc
 import pytest
@@ -40,6 +44,7 @@ from continuum_follow import (
     FollowError,
     Prefix,
     RecordStore,
+    Renderer,
     Status,
     Update,
     UpgradeRequiredError,
@@ -321,3 +326,20 @@ async def test_a_store_keeps_only_its_newest_messages_and_pages_on_from_there(tm
             metadata=live.metadata,
         )
         assert [m.message_id for m in page.messages] == ids + more[:-4]
+
+
+async def test_a_server_that_cannot_be_reached_is_named_as_such_with_grpcs_reason() -> None:
+    with socket.socket() as probe:  # a port the OS just handed out and took back: nothing listens
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    channel = grpc.aio.insecure_channel(address)
+    try:
+        client = FollowClient(api_grpc.TranscriptServiceStub(channel), "s", backoff=FAST)
+        # An async generator, which the client's signature states as the iterator it is used as.
+        async with contextlib.aclosing(cast(AsyncGenerator[Update, None], client.updates())) as updates:
+            first = await within(anext(updates), 10, "the first failed call")
+    finally:
+        await channel.close()
+    assert first.kind == "disconnect" and first.cause.startswith("UNAVAILABLE: ")
+    shown = Renderer().render(first)
+    assert shown.startswith("· cannot reach the transcript service (UNAVAILABLE: ") and "following again" in shown

@@ -91,6 +91,8 @@ def test_resyncs_disconnects_and_run_states_are_dim_notes() -> None:
     assert running == "\x1b[2m· running\x1b[0m\n"
     assert overflow == "\x1b[2m· resync (overflow); following again\x1b[0m\n"
     assert disconnect == "\x1b[2m· connection lost; following again\x1b[0m\n"
+    failed = Update(None, Outcome.resync("disconnect", resumable=True), store, "UNAVAILABLE: Socket closed")
+    assert renderer.render(failed) == "\x1b[2m· connection lost (UNAVAILABLE: Socket closed); following again\x1b[0m\n"
 
 
 def test_a_new_baseline_shows_only_news_unless_the_shown_history_was_rewritten() -> None:
