@@ -11,6 +11,7 @@ route per path serving several methods, that list is every method the resource s
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -19,7 +20,8 @@ from google.protobuf.empty_pb2 import Empty
 from google.protobuf.message import Message
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Match, Route
+from starlette.types import Scope
 
 from continuum_gateway.errors import GatewayError, UpstreamError
 from continuum_gateway.field_paths import json_path, proto_name
@@ -82,6 +84,11 @@ class Operation:
         return json_path(path, descriptor_of(self.request) if self.request is not None else None)
 
 
+# The AIP-136 custom methods of every route made (`cancel` of `…/{operation_id}:cancel`).
+_CUSTOM_METHOD = re.compile(r":([A-Za-z]+)$")
+_CUSTOM_METHODS: set[str] = set()
+
+
 class Resource(Route):
     """A Starlette route dispatching each method to its `Operation`."""
 
@@ -100,6 +107,19 @@ class Resource(Route):
                 raise
 
         super().__init__(path, dispatch, methods=list(table), name=name)
+        custom = _CUSTOM_METHOD.search(path)
+        if custom is not None:
+            _CUSTOM_METHODS.add(custom.group(1))
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        """As a Starlette route, except that no path parameter ends in a custom method (`x:cancel`):
+        sent with the wrong method, `…/{operation_id}:cancel` must find the custom method's route (a
+        405 naming its methods), not the resource's with `x:cancel` for an id (a 400)."""
+        match, child = super().matches(scope)
+        values = child.get("path_params", {}).values() if match is not Match.NONE else ()
+        if any(str(value).rpartition(":")[2] in _CUSTOM_METHODS for value in values if ":" in str(value)):
+            return Match.NONE, {}
+        return match, child
 
 
 def resource(path: str, name: str, operations: Mapping[str, Operation | Endpoint]) -> Resource:

@@ -292,6 +292,18 @@ async def test_wrong_method_is_405_allowing_every_method_of_the_resource(offline
     assert set(response.headers["allow"].split(", ")) == {"GET", "HEAD", "PATCH", "DELETE"}
 
 
+async def test_a_custom_method_sent_with_the_wrong_method_is_405_not_a_bad_id(
+    offline_gateway: httpx.AsyncClient,
+) -> None:
+    # `5:edit` is no message id: the route is `…/messages/{message_id}:edit`, which takes POST only.
+    response = await offline_gateway.get("/v1/sessions/s-a/messages/5:edit", headers=bearer(ALICE_TOKEN))
+    assert_error(response, 405, "UNIMPLEMENTED", "METHOD_NOT_ALLOWED")
+    assert response.headers["allow"] == "POST"
+    # Any other colon belongs to the id, which goes to the service to be checked (down here: 503).
+    response = await offline_gateway.get("/v1/sessions/s:a", headers=bearer(ALICE_TOKEN))
+    assert_error(response, 503, "UNAVAILABLE", "UPSTREAM_UNAVAILABLE")
+
+
 async def test_body_over_the_limit_is_413(gateway_without_upstream: httpx.AsyncClient) -> None:
     body = b'{"title": "' + b"x" * 2048 + b'"}'
     declared = await gateway_without_upstream.post("/v1/sessions", headers=bearer(ALICE_TOKEN), content=body)
