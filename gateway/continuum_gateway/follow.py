@@ -96,6 +96,7 @@ from continuum_gateway.follow_hub import (
     alignment_key,
     frame_message,
 )
+from continuum_gateway.protojson import refused_field
 from continuum_gateway.settings import GatewaySettings
 from continuum_gateway.upstream import TRANSCRIPT, Upstreams, upstreams_of
 from continuum_runtime.wire_names import TRANSCRIPT_V2
@@ -175,8 +176,12 @@ def parse_hello(text: str, session_id: str) -> transcript_service_pb2.FollowRequ
             raise GatewayError.invalid_argument("resume", "must be {streamGeneration, seq}", reason="INVALID_HELLO")
         try:
             json_format.ParseDict(resume, request.resume)
-        except json_format.ParseError as error:
-            raise GatewayError.invalid_argument("resume", str(error), reason="INVALID_HELLO") from None
+        except json_format.ParseError:
+            # Named and described as REST refusals are (never the parser's own words).
+            violation = refused_field(resume, request.resume.DESCRIPTOR, "resume")
+            raise GatewayError.invalid_argument(
+                violation.field, violation.description, reason="INVALID_HELLO"
+            ) from None
         # Cursors count up from 0; REST refuses a negative one too (e.g. messages:page's pin).
         for field in request.resume.DESCRIPTOR.fields:
             value = getattr(request.resume, field.name)

@@ -217,7 +217,12 @@ async def test_a_hello_without_transcript_v2_is_told_to_upgrade(
         ('{"type": "hello", "capabilities": ["transcript-v2"], "token": "x"}', "token"),
         ('{"type": "hello", "capabilities": "transcript-v2"}', "capabilities"),
         ('{"type": "hello", "capabilities": ["transcript-v2", 7]}', "capabilities"),
-        ('{"type": "hello", "capabilities": ["transcript-v2"], "resume": {"seq": "x"}}', "resume"),
+        ('{"type": "hello", "capabilities": ["transcript-v2"], "resume": {"seq": "x"}}', "resume.seq"),
+        (
+            '{"type": "hello", "capabilities": ["transcript-v2"], "resume": {"streamGeneration": "abc"}}',
+            "resume.streamGeneration",
+        ),
+        ('{"type": "hello", "capabilities": ["transcript-v2"], "resume": {"epoch": "1"}}', "resume.epoch"),
         ('{"type": "hello", "capabilities": ["transcript-v2"], "resume": 3}', "resume"),
         (
             '{"type": "hello", "capabilities": ["transcript-v2"], "resume": {"streamGeneration": "-1", "seq": "0"}}',
@@ -237,6 +242,8 @@ async def test_a_hello_without_transcript_v2_is_told_to_upgrade(
         "not-list",
         "not-string",
         "bad-cursor",
+        "bad-stream-generation",
+        "unknown-resume-field",
         "bad-resume",
         "negative-stream-generation",
         "negative-seq",
@@ -255,6 +262,8 @@ async def test_a_malformed_hello_is_invalid_argument(
     assert error_reason(message) == "INVALID_HELLO"
     (violations,) = [d for d in message["error"]["details"] if "fieldViolations" in d]
     assert violations["fieldViolations"][0]["field"] == field
+    # The refusal speaks the API's words, never a Python parser's.
+    assert "invalid literal" not in message["error"]["message"]
     assert code == 4400
 
 
