@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, cast
 
@@ -265,17 +265,25 @@ async def test_a_frame_that_is_no_switch_point_cancels_the_wait(hubs: Hubs) -> N
     assert describe(drain(joiner)) == ["handshake", "snapshotEnd", "batch:11", "chunk:0", "batch:12", "heartbeat"]
 
 
-async def test_a_browser_too_far_behind_stays_on_its_own_stream(hubs: Hubs) -> None:
+async def _joined_behind(hubs: Hubs, frame_of: Callable[[int], Frame]) -> tuple[Private, _Call]:
+    """A browser joining once the hub relayed frames 11..29, its own stream at 11: still behind."""
     upstreams = _Upstreams()
     hub, _, call = await _live_hub(hubs, upstreams)
-    for seq in range(11, 30):  # more than the 8 recent frames the hub keeps
-        call.items.put_nowait(batch(seq))
+    for seq in range(11, 30):
+        call.items.put_nowait(frame_of(seq))
     await settle()
-    joiner = Outbox(64, 1 << 20)
+    joiner = Outbox(64, 1 << 24)
     hubs.join(cast(Upstreams, upstreams), REQUEST, "alice", joiner)
     private = Private(hub, joiner)
     private.baseline()
-    assert not private.relay(batch(11))
+    assert not private.relay(frame_of(11))
+    return private, call
+
+
+async def test_a_browser_too_far_behind_stays_on_its_own_stream(hubs: Hubs) -> None:
+    # More than the 8 recent frames the hub keeps.
+    private, call = await _joined_behind(hubs, batch)
+    joiner = private.outbox
     assert not private.relay(batch(21))  # still forgotten: the hub keeps 22..29
     assert private.relay(batch(22))
     assert describe(drain(joiner))[-9:] == [f"batch:{seq}" for seq in (21, 22, *range(23, 30))]
@@ -297,19 +305,10 @@ async def test_the_recent_frames_are_bounded_in_characters_too() -> None:
     size = len(frame_message(large_batch(11), "batch"))
     hubs = Hubs(recent_frames=100, recent_chars=size * 7 // 2)
     try:
-        upstreams = _Upstreams()
-        hub, _, call = await _live_hub(hubs, upstreams)
-        for seq in range(11, 30):
-            call.items.put_nowait(large_batch(seq))
-        await settle()
-        joiner = Outbox(64, 1 << 24)
-        hubs.join(cast(Upstreams, upstreams), REQUEST, "alice", joiner)
-        private = Private(hub, joiner)
-        private.baseline()
-        assert not private.relay(large_batch(11))
+        private, _ = await _joined_behind(hubs, large_batch)
         assert not private.relay(large_batch(26))  # forgotten: the hub keeps 27..29, by their size
         assert private.relay(large_batch(27))
-        assert describe(drain(joiner))[-4:] == ["batch:26", "batch:27", "batch:28", "batch:29"]
+        assert describe(drain(private.outbox))[-4:] == ["batch:26", "batch:27", "batch:28", "batch:29"]
     finally:
         await hubs.close()
 

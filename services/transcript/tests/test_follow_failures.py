@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -38,171 +39,165 @@ from continuum_runtime.channels import open_channel
 from continuum_runtime.database import Database
 
 
+@pytest.fixture
+async def proxy(database_url: str) -> AsyncIterator[TcpProxy]:
+    """A proxy in front of the test's database, to cut the service off from it and bring it back."""
+    target = urlsplit(database_url)
+    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5432)
+    await proxy.start()
+    try:
+        yield proxy
+    finally:
+        await proxy.close()
+
+
 def _through(url: str, port: int) -> str:
     parts = urlsplit(url)
     return urlunsplit(parts._replace(netloc=f"{parts.username}@127.0.0.1:{port}"))
 
 
 @pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
-async def test_database_down_keeps_output_reports_and_catches_up(tmp_path: Path, database_url: str) -> None:
-    target = urlsplit(database_url)
-    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5432)
-    await proxy.start()
-    try:
-        async with running_transcript(tmp_path, _through(database_url, proxy.port)) as client:
-            alice = client.as_user("alice")
-            await client.stub.CreateSession(api.CreateSessionRequest(session_id="s"), metadata=alice)
-            await client.stub.AppendMessages(
-                api.AppendMessagesRequest(session_id="s", messages=[user("go")]), metadata=alice
-            )
-            follower = Follower(client, "s")
-            await follower.until("snapshot_end")
-            ref = fpb.AttemptRef(message_key="m", attempt=1)
-            await client.stub.OpenAttempt(api.OpenAttemptRequest(session_id="s", attempt=ref), metadata=alice)
-            proxy.cut()
-            await client.stub.AppendChunks(
-                api.AppendChunksRequest(session_id="s", attempt=ref, first_chunk_index=0, chunks=["streams on"]),
-                metadata=alice,
-            )
-            committed = await client.stub.CommitAttempt(
-                api.CommitAttemptRequest(session_id="s", attempt=ref, message=assistant("streams on")),
-                metadata=alice,
-            )
-            done = fpb.RuntimeState(state=fpb.RUN_STATE_IDLE)
+async def test_database_down_keeps_output_reports_and_catches_up(
+    tmp_path: Path, database_url: str, proxy: TcpProxy
+) -> None:
+    async with running_transcript(tmp_path, _through(database_url, proxy.port)) as client:
+        alice = client.as_user("alice")
+        await client.stub.CreateSession(api.CreateSessionRequest(session_id="s"), metadata=alice)
+        await client.stub.AppendMessages(
+            api.AppendMessagesRequest(session_id="s", messages=[user("go")]), metadata=alice
+        )
+        follower = Follower(client, "s")
+        await follower.until("snapshot_end")
+        ref = fpb.AttemptRef(message_key="m", attempt=1)
+        await client.stub.OpenAttempt(api.OpenAttemptRequest(session_id="s", attempt=ref), metadata=alice)
+        proxy.cut()
+        await client.stub.AppendChunks(
+            api.AppendChunksRequest(session_id="s", attempt=ref, first_chunk_index=0, chunks=["streams on"]),
+            metadata=alice,
+        )
+        committed = await client.stub.CommitAttempt(
+            api.CommitAttemptRequest(session_id="s", attempt=ref, message=assistant("streams on")),
+            metadata=alice,
+        )
+        done = fpb.RuntimeState(state=fpb.RUN_STATE_IDLE)
 
-            async def finish_turn() -> api.PublishBatchResponse:
-                request = api.PublishBatchRequest(
-                    session_id="s", operations=[api.BatchOperation(runtime_state=done)], terminal=True
-                )
-                response: api.PublishBatchResponse = await client.stub.PublishBatch(request, metadata=alice)
-                return response
-
-            finished = asyncio.create_task(finish_turn())
-            during = await follower.until("recovery_failure", seconds=20)
-            # The output stays visible; no settlement and no terminal batch before disk has them.
-            assert kinds(during) == ["attempt_opened", "chunk", "batch", "recovery_failure"]
-            assert during[2].batch.messages[0].message_id == committed.message_id
-            await asyncio.sleep(0.5)
-            assert not finished.done()
-            proxy.restore()
-            after = await follower.until("recovered", seconds=30)
-            after += [await follower.next(seconds=30) for _ in range(2)]
-            assert "settlement" in kinds(after) and kinds(after)[-1] == "batch"
-            assert after[-1].batch.runtime_state.state == fpb.RUN_STATE_IDLE
-            assert (await finished).seq == after[-1].batch.seq
-            stored = await client.stub.GetMessage(
-                api.GetMessageRequest(session_id="s", message_id=committed.message_id), metadata=alice
+        async def finish_turn() -> api.PublishBatchResponse:
+            request = api.PublishBatchRequest(
+                session_id="s", operations=[api.BatchOperation(runtime_state=done)], terminal=True
             )
-            assert stored.message.content[0].text == "streams on"
-            follower.close()
-    finally:
-        await proxy.close()
+            response: api.PublishBatchResponse = await client.stub.PublishBatch(request, metadata=alice)
+            return response
+
+        finished = asyncio.create_task(finish_turn())
+        during = await follower.until("recovery_failure", seconds=20)
+        # The output stays visible; no settlement and no terminal batch before disk has them.
+        assert kinds(during) == ["attempt_opened", "chunk", "batch", "recovery_failure"]
+        assert during[2].batch.messages[0].message_id == committed.message_id
+        await asyncio.sleep(0.5)
+        assert not finished.done()
+        proxy.restore()
+        after = await follower.until("recovered", seconds=30)
+        after += [await follower.next(seconds=30) for _ in range(2)]
+        assert "settlement" in kinds(after) and kinds(after)[-1] == "batch"
+        assert after[-1].batch.runtime_state.state == fpb.RUN_STATE_IDLE
+        assert (await finished).seq == after[-1].batch.seq
+        stored = await client.stub.GetMessage(
+            api.GetMessageRequest(session_id="s", message_id=committed.message_id), metadata=alice
+        )
+        assert stored.message.content[0].text == "streams on"
+        follower.close()
+
+
+async def _unsaved_appends(
+    client: TranscriptClient, follower: Follower, session_id: str, body: str
+) -> list[asyncio.Future[api.AppendMessagesResponse]]:
+    """Three appends of `body` accepted while the database is away: each waits for disk, unsaved."""
+    waiting = [
+        asyncio.ensure_future(
+            client.stub.AppendMessages(
+                api.AppendMessagesRequest(session_id=session_id, messages=[user(body)]),
+                metadata=client.as_user("alice"),
+            )
+        )
+        for _ in range(3)
+    ]
+    # Accepted batches are shown at once, before they are saved.
+    for _ in waiting:
+        await follower.until("batch", seconds=20)
+    assert not any(task.done() for task in waiting)
+    return waiting
 
 
 @pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 async def test_unsaved_batches_are_bounded_in_bytes_and_the_bound_frees_once_they_are_saved(
-    tmp_path: Path, database_url: str
+    tmp_path: Path, database_url: str, proxy: TcpProxy
 ) -> None:
-    target = urlsplit(database_url)
-    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5432)
-    await proxy.start()
     backlog = 1024 * 1024
-    try:
-        async with running_transcript(
-            tmp_path, _through(database_url, proxy.port), publish_backlog_bytes=backlog
-        ) as client:
-            alice = client.as_user("alice")
-            sid = await create_session(client, "s")
-            await append(client, sid, user("the publisher binds before the cut"))
-            follower = Follower(client, sid)
-            await follower.until("snapshot_end")
-            body = "x" * (300 * 1024)
-            # Twice: what the first outage held must not count against the second.
-            for _ in range(2):
-                proxy.cut()
-                # Each append waits for disk, so while the database is away they pile up unsaved.
-                waiting = [
-                    asyncio.ensure_future(
-                        client.stub.AppendMessages(
-                            api.AppendMessagesRequest(session_id=sid, messages=[user(body)]), metadata=alice
-                        )
-                    )
-                    for _ in range(3)
-                ]
-                # Accepted batches are shown at once, before they are saved.
-                for _ in waiting:
-                    await follower.until("batch", seconds=20)
-                assert not any(task.done() for task in waiting)
-                # A fourth would take the unsaved bodies past the bound: refused at once, to retry later.
-                await refused(
-                    client.stub.AppendMessages(
-                        api.AppendMessagesRequest(session_id=sid, messages=[user(body)]), metadata=alice
-                    ),
-                    grpc.StatusCode.UNAVAILABLE,
-                    "PUBLISH_BACKLOG_FULL",
-                )
-                proxy.restore()
-                saved = await within(asyncio.gather(*waiting), 30, "the waiting appends to be saved")
-                assert len({response.message_ids[0] for response in saved}) == 3
-            follower.close()
-    finally:
-        await proxy.close()
+    async with running_transcript(
+        tmp_path, _through(database_url, proxy.port), publish_backlog_bytes=backlog
+    ) as client:
+        alice = client.as_user("alice")
+        sid = await create_session(client, "s")
+        await append(client, sid, user("the publisher binds before the cut"))
+        follower = Follower(client, sid)
+        await follower.until("snapshot_end")
+        body = "x" * (300 * 1024)
+        # Twice: what the first outage held must not count against the second.
+        for _ in range(2):
+            proxy.cut()
+            waiting = await _unsaved_appends(client, follower, sid, body)
+            # A fourth would take the unsaved bodies past the bound: refused at once, to retry later.
+            await refused(
+                client.stub.AppendMessages(
+                    api.AppendMessagesRequest(session_id=sid, messages=[user(body)]), metadata=alice
+                ),
+                grpc.StatusCode.UNAVAILABLE,
+                "PUBLISH_BACKLOG_FULL",
+            )
+            proxy.restore()
+            saved = await within(asyncio.gather(*waiting), 30, "the waiting appends to be saved")
+            assert len({response.message_ids[0] for response in saved}) == 3
+        follower.close()
 
 
 @pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 async def test_a_cancel_that_would_overfill_the_unsaved_backlog_is_refused_and_can_be_retried(
-    tmp_path: Path, database_url: str
+    tmp_path: Path, database_url: str, proxy: TcpProxy
 ) -> None:
-    target = urlsplit(database_url)
-    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5432)
-    await proxy.start()
-    try:
-        async with running_transcript(
-            tmp_path, _through(database_url, proxy.port), publish_backlog_bytes=1024 * 1024
-        ) as client:
-            alice = client.as_user("alice")
-            sid = await create_session(client, "s")
-            await append(client, sid, user("the publisher binds before the cut"))
-            ref = fpb.AttemptRef(message_key="m", attempt=1)
-            await client.stub.OpenAttempt(api.OpenAttemptRequest(session_id=sid, attempt=ref), metadata=alice)
-            # 300 KiB shown, in chunks within the chunk limit.
-            pieces = ["y" * (60 * 1024)] * 5
-            shown = "".join(pieces)
-            await client.stub.AppendChunks(
-                api.AppendChunksRequest(session_id=sid, attempt=ref, first_chunk_index=0, chunks=pieces),
-                metadata=alice,
-            )
-            follower = Follower(client, sid)
-            await follower.until("snapshot_end")
-            proxy.cut()
-            body = "x" * (300 * 1024)
-            waiting = [
-                asyncio.ensure_future(
-                    client.stub.AppendMessages(
-                        api.AppendMessagesRequest(session_id=sid, messages=[user(body)]), metadata=alice
-                    )
-                )
-                for _ in range(3)
-            ]
-            for _ in waiting:
-                await follower.until("batch", seconds=20)
-            # Storing the shown text would take the unsaved bodies past the bound.
-            cancel = api.CancelAttemptRequest(session_id=sid, attempt=ref)
-            await refused(
-                client.stub.CancelAttempt(cancel, metadata=alice), grpc.StatusCode.UNAVAILABLE, "PUBLISH_BACKLOG_FULL"
-            )
-            proxy.restore()
-            await within(asyncio.gather(*waiting), 30, "the waiting appends to be saved")
-            # The attempt stayed open: the retry stores what was shown.
-            cancelled = await client.stub.CancelAttempt(cancel, metadata=alice)
-            stored = await client.stub.GetMessage(
-                api.GetMessageRequest(session_id=sid, message_id=cancelled.message_id), metadata=alice
-            )
-            assert stored.message.status == pb.MESSAGE_STATUS_INTERRUPTED
-            assert stored.message.content[0].text == shown
-            follower.close()
-    finally:
-        await proxy.close()
+    async with running_transcript(
+        tmp_path, _through(database_url, proxy.port), publish_backlog_bytes=1024 * 1024
+    ) as client:
+        alice = client.as_user("alice")
+        sid = await create_session(client, "s")
+        await append(client, sid, user("the publisher binds before the cut"))
+        ref = fpb.AttemptRef(message_key="m", attempt=1)
+        await client.stub.OpenAttempt(api.OpenAttemptRequest(session_id=sid, attempt=ref), metadata=alice)
+        # 300 KiB shown, in chunks within the chunk limit.
+        pieces = ["y" * (60 * 1024)] * 5
+        shown = "".join(pieces)
+        await client.stub.AppendChunks(
+            api.AppendChunksRequest(session_id=sid, attempt=ref, first_chunk_index=0, chunks=pieces),
+            metadata=alice,
+        )
+        follower = Follower(client, sid)
+        await follower.until("snapshot_end")
+        proxy.cut()
+        waiting = await _unsaved_appends(client, follower, sid, "x" * (300 * 1024))
+        # Storing the shown text would take the unsaved bodies past the bound.
+        cancel = api.CancelAttemptRequest(session_id=sid, attempt=ref)
+        await refused(
+            client.stub.CancelAttempt(cancel, metadata=alice), grpc.StatusCode.UNAVAILABLE, "PUBLISH_BACKLOG_FULL"
+        )
+        proxy.restore()
+        await within(asyncio.gather(*waiting), 30, "the waiting appends to be saved")
+        # The attempt stayed open: the retry stores what was shown.
+        cancelled = await client.stub.CancelAttempt(cancel, metadata=alice)
+        stored = await client.stub.GetMessage(
+            api.GetMessageRequest(session_id=sid, message_id=cancelled.message_id), metadata=alice
+        )
+        assert stored.message.status == pb.MESSAGE_STATUS_INTERRUPTED
+        assert stored.message.content[0].text == shown
+        follower.close()
 
 
 async def _runtime(stub: api_grpc.TranscriptServiceStub, acknowledged: list[int], enough: asyncio.Event) -> None:
