@@ -31,8 +31,10 @@ class PublisherRegistry:
         self._binding: dict[str, asyncio.Lock] = {}
         self._binders: collections.Counter[str] = collections.Counter()
         self._reaper: asyncio.Task[None] | None = None
-        # Idle publishers and since when (the clock's monotonic time): only publishers bound now.
+        # Idle publishers and since when (the loop's time): only publishers bound now.
         self._idle_since: dict[SessionPublisher, float] = {}
+        # How many times the reaper looked (diagnostics, and tests waiting for a look).
+        self.reaper_passes = 0
 
     def start(self) -> None:
         """Begin reaping idle publishers."""
@@ -97,9 +99,13 @@ class PublisherRegistry:
 
     async def _reap_forever(self) -> None:
         interval = min(self._settings.publisher_idle_seconds, 30.0)
+        # Real time, not the injected clock's: a background loop on a test's manual clock would be one
+        # more sleeper for every test that counts them. An abandoned attempt's age is the clock's.
+        loop = asyncio.get_running_loop()
         while True:
-            await self._clock.sleep(interval)
-            now = self._clock.monotonic()
+            await asyncio.sleep(interval)
+            now = loop.time()
+            self.reaper_passes += 1
             # Rebuilt from the publishers bound now on every pass: one closed otherwise (its session
             # deleted, fenced out) leaves nothing behind, and a session bound anew starts afresh.
             self._idle_since = {

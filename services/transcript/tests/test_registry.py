@@ -65,9 +65,9 @@ async def test_an_attempt_its_runtime_abandoned_stops_keeping_its_publisher(tmp_
     async with running_transcript(tmp_path, database_url) as transcript:
         await create_session(transcript, "s")
         database = Database(database_url, schema="transcript")
+        # An attempt's age is the clock's; the reaper looks every second of real time.
         clock = ManualClock()
-        # Idle for a minute: reaper passes every 30 s.
-        settings = transcript.settings.model_copy(update={"publisher_idle_seconds": 60.0})
+        settings = transcript.settings.model_copy(update={"publisher_idle_seconds": 1.0})
         registry = PublisherRegistry(database, settings, clock)
         try:
             publisher = await registry.get("alice", "s")
@@ -75,25 +75,18 @@ async def test_an_attempt_its_runtime_abandoned_stops_keeping_its_publisher(tmp_
             publisher.open_attempt(ref)
             publisher.append_chunks(ref, 0, ["partial "])
             registry.start()
-
-            async def reaper_pass() -> None:
-                await eventually(lambda: clock.sleepers == 1, what="the reaper waiting for its next pass")
-                clock.advance(30)
-                await eventually(lambda: clock.sleepers == 1, what="the reaper done with its pass")
-
-            await reaper_pass()
-            publisher.append_chunks(ref, 1, ["output"])  # the runtime is alive: 30 s later, a chunk
-            await reaper_pass()
+            clock.advance(0.5)
+            publisher.append_chunks(ref, 1, ["output"])  # the runtime is alive
+            clock.advance(0.9)
+            # Two looks at an attempt that showed a chunk 0.9 s ago (of the clock): kept, not even idle.
+            looks = registry.reaper_passes
+            await eventually(lambda: registry.reaper_passes >= looks + 2, what="two looks of the reaper")
             assert publisher not in registry._idle_since and not publisher.closed
-            # A minute without a chunk: the attempt counts as abandoned, the publisher as idle ...
-            await reaper_pass()
-            assert publisher in registry._idle_since
-            await reaper_pass()
-            assert not publisher.closed
-            # ... and after the idle period it is reaped. The unsaved text goes with it, as the
-            # runtime's crash left it; the session's next publisher has no such attempt.
-            await reaper_pass()
-            assert publisher.closed
+            # A second without a chunk: the attempt counts as abandoned, and after the idle period the
+            # publisher is reaped. The unsaved text goes with it, as the runtime's crash left it; the
+            # session's next publisher has no such attempt.
+            clock.advance(0.1)
+            await eventually(lambda: publisher.closed, what="the publisher of the abandoned attempt reaped")
             rebound = await registry.get("alice", "s")
             assert rebound is not publisher and not rebound.attempts
         finally:
