@@ -156,10 +156,7 @@ def bind_field(
 
     A field mask takes field names in either spelling (``workingDirectory`` or ``working_directory``).
     """
-    *parents, leaf = path.split(".")
-    for name in parents:
-        message = getattr(message, _field(descriptor_of(message), name).name)
-    field = _field(descriptor_of(message), leaf)
+    message, field = _leaf(message, path)
     if field.message_type is not None and field.message_type.full_name == _FIELD_MASK:
         _bind_mask(getattr(message, field.name), parameter, value)
         return
@@ -173,6 +170,20 @@ def bind_field(
         json_format.ParseDict({field.json_name: converted}, message)
     except json_format.ParseError:
         raise GatewayError.invalid_argument(parameter, describe_refusal(field, value, aliases)) from None
+
+
+def field_value(message: Message, path: str) -> object:
+    """The value of the field at `path` (JSON or proto names, dot-separated) as it is set now."""
+    parent, field = _leaf(message, path)
+    return getattr(parent, field.name)
+
+
+def _leaf(message: Message, path: str) -> tuple[Message, FieldDescriptor]:
+    """The message holding the field at `path`, and that field."""
+    *parents, leaf = path.split(".")
+    for name in parents:
+        message = getattr(message, _field(descriptor_of(message), name).name)
+    return message, _field(descriptor_of(message), leaf)
 
 
 def _field(descriptor: Descriptor, name: str) -> FieldDescriptor:

@@ -26,7 +26,7 @@ from starlette.types import Scope
 from continuum_gateway.errors import GatewayError, UpstreamError
 from continuum_gateway.field_paths import json_path, proto_name
 from continuum_gateway.proto_schema import SchemaBuilder, descriptor_of
-from continuum_gateway.protojson import bind_field, bind_query, parse_body
+from continuum_gateway.protojson import bind_field, bind_query, field_value, parse_body
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 # A response schema the route writes itself (not a proto message as is), built with the same builder.
@@ -159,19 +159,11 @@ async def bind(request: Request, message: MessageT) -> MessageT:
         # No body, or `{}`: anything else is refused rather than ignored.
         await parse_body(request, Empty())
     for parameter, path in operation.path.items():
-        said = _bound_value(message, path)
+        said = field_value(message, path)
         bind_field(message, path, parameter, request.path_params[parameter])
-        if said and said != _bound_value(message, path):
+        if said and said != field_value(message, path):
             raise GatewayError.invalid_argument(
                 json_path(path, descriptor_of(message)),
                 f"must be left out or match the path's {parameter} ({request.path_params[parameter]!r})",
             )
     return bind_query(request, message, operation.query, values=operation.query_values)
-
-
-def _bound_value(message: Message, path: str) -> object:
-    """The value of the field at `path` (dot-separated JSON names) as it is set now."""
-    *parents, leaf = path.split(".")
-    for name in parents:
-        message = getattr(message, proto_name(name))
-    return getattr(message, proto_name(leaf))
