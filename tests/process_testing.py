@@ -43,10 +43,14 @@ def children_of(parent: int) -> set[int]:
     return found
 
 
-def _service_log(data_dir: Path, name: str) -> BinaryIO:
+def service_log(data_dir: Path, name: str) -> Path:
     """The file a service's JSON log lines go to, beside its data, for diagnosing a failed test."""
+    return data_dir / f"{name}.log"
+
+
+def _open_service_log(data_dir: Path, name: str) -> BinaryIO:
     data_dir.mkdir(parents=True, exist_ok=True)
-    return open(data_dir / f"{name}.log", "ab")
+    return open(service_log(data_dir, name), "ab")
 
 
 async def serve_module(module: str, name: str, data_dir: Path, env: Mapping[str, str]) -> tuple[Process, int]:
@@ -57,7 +61,7 @@ async def serve_module(module: str, name: str, data_dir: Path, env: Mapping[str,
     """
     port_file = data_dir / "run" / f"{name}.port"
     port_file.unlink(missing_ok=True)
-    with _service_log(data_dir, name) as log:
+    with _open_service_log(data_dir, name) as log:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", module, "serve", env={**os.environ, **env}, stderr=log
         )

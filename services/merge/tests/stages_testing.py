@@ -15,7 +15,7 @@ from pathlib import Path
 
 from deadline_testing import eventually
 from merge_testing import OWNER, merge_settings
-from process_testing import serve_module
+from process_testing import serve_module, service_log
 from sqlalchemy import select
 from transcript_testing import SERVICE_TOKEN, TranscriptClient, append, assistant, tool, user
 
@@ -48,6 +48,8 @@ FAST_ENV = {
     "MERGE_CLAIM_RENEW_SECONDS": "1",
     "MERGE_RETRY_SECONDS": "0.2",
 }
+# How much of a merge process's log a failed wait for its crash shows.
+LOG_TAIL_LINES = 40
 # A tool output large enough that the default extraction budget makes several units of two sources.
 TOOL_OUTPUT_BYTES = 30_000
 
@@ -129,6 +131,21 @@ class MergeProcess:
 
     process: Process
     stub: api_grpc.MergeServiceStub
+    log: Path
+
+    async def crashed(self, operation_id: str, seconds: float = 60) -> int:
+        """The exit status once the process ended by itself (a failpoint's kill). If it is still running
+        after `seconds`, fail with what the operation and the process's log say it was doing."""
+        try:
+            return await asyncio.wait_for(self.process.wait(), seconds)
+        except TimeoutError:
+            operation = await self.get(operation_id)
+            log = self.log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+            raise AssertionError(
+                f"the merge process still runs after {seconds} s; operation: {operation.progress}"
+                + "\nits log ends:\n"
+                + "\n".join(log)
+            ) from None
 
     async def get(self, operation_id: str) -> pb.MergeOperation:
         """GetMerge as the owner."""
@@ -169,7 +186,7 @@ async def merge_process(settings: MergeSettings, replica: str = "", **extra: str
     process, port = await serve_module("continuum_merge", "merge", data_dir, env)
     channel = open_channel(f"127.0.0.1:{port}")
     try:
-        yield MergeProcess(process, api_grpc.MergeServiceStub(channel))
+        yield MergeProcess(process, api_grpc.MergeServiceStub(channel), service_log(data_dir, "merge"))
     finally:
         await channel.close()
         if process.returncode is None:

@@ -5,7 +5,6 @@ And two merge processes on one PostgreSQL: the one working is killed, the other 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 from collections import Counter
@@ -118,7 +117,7 @@ async def test_kill_9_at_a_failpoint_then_restart_completes_once(
 ) -> None:
     async with merge_process(settings, MERGE_CRASH_AT=failpoint, MERGE_INSTANCE_ID="m1") as doomed:
         operation_id = await doomed.start(["a", "b"])
-        assert await asyncio.wait_for(doomed.process.wait(), 60) == -signal.SIGKILL
+        assert await doomed.crashed(operation_id) == -signal.SIGKILL
 
     async with merge_process(settings, MERGE_INSTANCE_ID="m1") as restarted:
         units, outcomes = await recovered(transcript, settings, database, restarted, operation_id)
@@ -136,7 +135,7 @@ async def test_a_sealed_package_damaged_while_the_process_was_down_pauses_and_is
 ) -> None:
     async with merge_process(settings, MERGE_CRASH_AT=UNIT_AFTER_COMMIT, MERGE_INSTANCE_ID="m1") as doomed:
         operation_id = await doomed.start(["a", "b"])
-        assert await asyncio.wait_for(doomed.process.wait(), 60) == -signal.SIGKILL
+        assert await doomed.crashed(operation_id) == -signal.SIGKILL
     raw = next((settings.resolved_package_root() / operation_id / "snapshot" / "raw").iterdir())
     raw.write_bytes(raw.read_bytes() + b" ")
 
