@@ -101,21 +101,29 @@ async def current_stream_generation(connection: AsyncConnection, session_id: str
     return int(value or 0)
 
 
-_RESERVE_IDS = (
-    "SELECT array_agg(id ORDER BY id) FROM (SELECT nextval(pg_get_serial_sequence('messages', 'message_id')) AS id"
-    " FROM generate_series(1, $1)) AS reserved"
+# On PostgreSQL the message id sequence counts in blocks (migration 0006): one nextval reserves the
+# ID_BLOCK ids from the value it returns, so a reservation costs a nextval per block, not per id, and
+# the ids it holds are ranges, not ints. Ids other inserts would take from the sequence stay unique
+# and increasing too; there are none (every message is written by a publisher, with its reserved id).
+ID_BLOCK = 8192
+_RESERVE_BLOCKS = (
+    "SELECT array_agg(start ORDER BY start) FROM (SELECT nextval(pg_get_serial_sequence('messages', 'message_id'))"
+    " AS start FROM generate_series(1, $1)) AS reserved"
 )
 
 
-async def reserve_ids(database: Database, count: int) -> list[int]:
-    """`count` fresh message ids, ascending. Ids are reserved ahead of persistence so accepted
-    messages can be shown with their final ids before they reach disk."""
+async def reserve_ids(database: Database, count: int) -> list[range]:
+    """`count` fresh message ids, as ascending ranges. Ids are reserved ahead of persistence so
+    accepted messages can be shown with their final ids before they reach disk."""
     if not database.sqlite:
         # One autocommitted statement straight on the driver: nextval needs no transaction (a
-        # sequence never rolls back), and one row holding every id is cheaper than a row per id.
+        # sequence never rolls back).
         async with database.driver_connection() as driver:
-            found = await driver.fetchval(_RESERVE_IDS, count)
-        return list(found)
+            starts = await driver.fetchval(_RESERVE_BLOCKS, -(-count // ID_BLOCK))
+        blocks = [range(start, start + ID_BLOCK) for start in starts]
+        # The last block gives only what is still wanted: a small reservation stays small.
+        blocks[-1] = blocks[-1][: count - ID_BLOCK * (len(blocks) - 1)]
+        return blocks
     async with database.transaction() as connection:
         # SQLite's AUTOINCREMENT counter lives in sqlite_sequence; advancing it reserves the ids.
         await connection.execute(
@@ -128,7 +136,7 @@ async def reserve_ids(database: Database, count: int) -> list[int]:
             text("UPDATE sqlite_sequence SET seq = seq + :count WHERE name = 'messages' RETURNING seq"),
             {"count": count},
         )
-        return list(range(int(last) - count + 1, int(last) + 1))
+        return [range(int(last) - count + 1, int(last) + 1)]
 
 
 # PostgreSQL: the fence, the durable sequence and the rows in ONE autocommitted statement, so a

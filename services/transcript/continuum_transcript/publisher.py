@@ -277,7 +277,8 @@ class SessionPublisher:
         self._subscribers: set[Subscription] = set()
         self._pending: list[persistence.PersistBatch] = []
         self._pending_bytes = 0
-        self._ids: deque[int] = deque()
+        # Reserved message ids not handed out yet: ascending blocks.
+        self._ids: deque[range] = deque()
         self._accept = asyncio.Lock()
         self._wake_flusher = asyncio.Event()
         self._durable_advanced = asyncio.Event()
@@ -340,8 +341,8 @@ class SessionPublisher:
         # Synchronous from here on: sequence, ids, state and fan-out change together.
         seq = self.commit_seq + 1
         created = self._clock.now_ms() if create_ms is None else create_ms
-        take, session_id = self._ids.popleft, self.session_id
-        ids = [take() for _ in rows]
+        session_id = self.session_id
+        ids = self._take_ids(len(rows))
         stored: list[dict[str, Any]] = [
             {
                 "message_id": message_id,
@@ -576,8 +577,21 @@ class SessionPublisher:
             )
 
     async def _ensure_ids(self, count: int) -> None:
-        if len(self._ids) < count:
+        if sum(map(len, self._ids)) < count:
             self._ids.extend(await persistence.reserve_ids(self._db, max(count, self._limits.id_block)))
+
+    def _take_ids(self, count: int) -> list[int]:
+        """The next `count` reserved ids (`_ensure_ids` made sure there are as many)."""
+        taken: list[int] = []
+        while len(taken) < count:
+            block = self._ids[0]
+            wanted = count - len(taken)
+            taken.extend(block[:wanted])
+            if wanted >= len(block):
+                self._ids.popleft()
+            else:
+                self._ids[0] = block[wanted:]
+        return taken
 
     # Fan-out
 

@@ -52,7 +52,7 @@ class TranscriptSettings(ServiceSettings):
     publish_backlog_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
     # Message ids reserved at once by a publisher, and how long an unused publisher lives (a sampling
     # attempt that shows nothing for as long counts as abandoned and does not keep it).
-    publisher_id_block: int = Field(default=1024, ge=1)
+    publisher_id_block: int = Field(default=8192, ge=1)
     publisher_idle_seconds: float = Field(default=300.0, gt=0)
 
     def limits(self) -> Limits:

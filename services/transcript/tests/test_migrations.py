@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import subprocess
@@ -17,6 +18,8 @@ from sqlalchemy import Connection, event, inspect, text
 
 from continuum_runtime import migrations
 from continuum_runtime.database import Database
+from continuum_transcript import persistence
+from continuum_transcript.persistence import ID_BLOCK
 from continuum_transcript.server import MIGRATIONS_DIR
 from continuum_transcript.tables import metadata
 
@@ -40,7 +43,7 @@ async def test_concurrent_runs_all_succeed_and_match_the_code(database_url: str)
     database = Database(database_url, schema="transcript")
     try:
         await migrations.upgrade(database, MIGRATIONS_DIR)
-        assert await migrations.current_revision(database, MIGRATIONS_DIR) == "0005"
+        assert await migrations.current_revision(database, MIGRATIONS_DIR) == "0006"
 
         def differences(connection: Connection) -> list[object]:
             return list(compare_metadata(MigrationContext.configure(connection), metadata))
@@ -95,6 +98,33 @@ async def test_message_sizes_previews_and_flags_are_backfilled(database_url: str
     assert [bool(row[3]) for row in found] == [False, False, True, False]
 
 
+async def test_ids_reserved_after_the_block_migration_follow_every_stored_id_and_never_repeat(
+    database_url: str,
+) -> None:
+    database = Database(database_url, schema="transcript")
+    try:
+        await migrations.upgrade(database, MIGRATIONS_DIR, target="0005")
+        async with database.transaction() as connection:
+            await connection.execute(
+                text(
+                    "INSERT INTO messages (message_id, session_id, role, content, tool_calls, tool_call_id,"
+                    " metadata, status, deleted, create_ms, commit_seq)"
+                    " VALUES (5000, 's', 1, '[]', '[]', '', '{}', 1, false, 0, 0)"
+                )
+            )
+            if not database.sqlite:
+                # Ids up to 5000 were handed out one at a time before the migration.
+                await connection.execute(text("SELECT setval(pg_get_serial_sequence('messages', 'message_id'), 5000)"))
+        await migrations.upgrade(database, MIGRATIONS_DIR)
+        reserved = await asyncio.gather(*[persistence.reserve_ids(database, count) for count in (3, ID_BLOCK + 2, 1)])
+    finally:
+        await database.dispose()
+    ids = [list(itertools.chain.from_iterable(blocks)) for blocks in reserved]
+    assert [len(each) for each in ids] == [3, ID_BLOCK + 2, 1]
+    assert all(each == sorted(each) and each[0] > 5000 for each in ids)
+    assert len(set(itertools.chain.from_iterable(ids))) == ID_BLOCK + 6, "two reservations share an id"
+
+
 def test_on_sqlite_no_run_lets_another_in_before_it_is_done(tmp_path: Path) -> None:
     """The worst interleaving of concurrent runs, forced: wherever a run would begin a further
     transaction after its first (and so let another process take SQLite's writer lock between two of
@@ -126,7 +156,7 @@ def test_on_sqlite_no_run_lets_another_in_before_it_is_done(tmp_path: Path) -> N
         try:
             await migrations.upgrade(database, MIGRATIONS_DIR)
             event.remove(database.engine.sync_engine, "before_cursor_execute", _another_run_slips_in)
-            assert await migrations.current_revision(database, MIGRATIONS_DIR) == "0005"
+            assert await migrations.current_revision(database, MIGRATIONS_DIR) == "0006"
             async with database.connection() as connection:
                 assert await connection.run_sync(_differences) == []
         finally:
