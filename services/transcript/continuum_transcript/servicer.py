@@ -5,6 +5,8 @@ Handlers raise TranscriptError; the runtime's interceptor maps it to a status. N
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
@@ -34,7 +36,7 @@ from continuum_transcript import (
     turns,
     validation,
 )
-from continuum_transcript.errors import AttachmentTooLarge, BadRequest, PageTokenInvalid
+from continuum_transcript.errors import AttachmentTooLarge, BadRequest, PageTokenInvalid, TranscriptError
 from continuum_transcript.live import LiveTranscript, attachment_media_types
 from continuum_transcript.registry import PublisherRegistry
 from continuum_transcript.settings import TranscriptSettings
@@ -44,6 +46,10 @@ Context: TypeAlias = grpc.aio.ServicerContext
 # Sessions and events pages stop growing past this many serialized bytes.
 LIST_PAGE_BYTES = 4 * 1024 * 1024
 ID_LIMIT = 2**63
+# A refused upload reads on, discarding, what its client still sends (up to these bounds) before it
+# answers: grpc's client reports a write that crosses the answer as INTERNAL, and the refusal is lost.
+REFUSED_UPLOAD_DRAIN_BYTES = 1024 * 1024
+REFUSED_UPLOAD_DRAIN_SECONDS = 2.0
 
 
 class SessionsCursor(Cursor):
@@ -337,7 +343,15 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
     async def UploadAttachment(
         self, request_iterator: AsyncIterator[api.UploadAttachmentRequest], context: Context
     ) -> api.UploadAttachmentResponse:
-        owner = acting_user(context)
+        try:
+            return await self._upload(acting_user(context), request_iterator)
+        except TranscriptError:
+            await _drain_refused_upload(request_iterator)
+            raise
+
+    async def _upload(
+        self, owner: str, request_iterator: AsyncIterator[api.UploadAttachmentRequest]
+    ) -> api.UploadAttachmentResponse:
         first = await anext(aiter(request_iterator), None)
         if first is None or first.WhichOneof("frame") != "header":
             raise BadRequest("header", "the first frame must be the upload header")
@@ -479,3 +493,15 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
                 yield api.WatchSessionEventsResponse(event=convert.event(row))
             if not rows:
                 await self._bell.wait(self._settings.events_poll_seconds)
+
+
+async def _drain_refused_upload(frames: AsyncIterator[api.UploadAttachmentRequest]) -> None:
+    """Discard the rest of a refused upload until its client half-closes, or for at most
+    REFUSED_UPLOAD_DRAIN_BYTES / REFUSED_UPLOAD_DRAIN_SECONDS: a client that writes on gets its answer anyway."""
+    discarded = 0
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(REFUSED_UPLOAD_DRAIN_SECONDS):
+            async for frame in frames:
+                discarded += frame.ByteSize()
+                if discarded > REFUSED_UPLOAD_DRAIN_BYTES:
+                    return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import stat
@@ -146,6 +147,66 @@ async def test_oversize_or_malformed_uploads_leave_nothing(transcript: Transcrip
     store = transcript.settings.resolved_attachments_dir()
     leftovers = [p for p in store.rglob("*") if p.is_file()] if store.exists() else []
     assert leftovers == []
+
+
+def _too_large_header(transcript: TranscriptClient) -> api.UploadAttachmentRequest:
+    declared = transcript.settings.max_attachment_bytes + 1
+    header = api.UploadAttachmentHeader(session_id="s", media_type="image/png", file_name="a.png", size_bytes=declared)
+    return api.UploadAttachmentRequest(header=header)
+
+
+async def test_a_refused_upload_is_answered_once_its_client_has_sent_everything(transcript: TranscriptClient) -> None:
+    """Refused at its header, the upload still reads what follows: answering while the client still
+    writes makes grpc's client report INTERNAL (a write crossing the answer) instead of the refusal."""
+    await _create(transcript, "s")
+    call = transcript.stub.UploadAttachment(metadata=transcript.as_user("alice"))
+    await call.write(_too_large_header(transcript))
+    # Before, the answer came within milliseconds of the header; now it waits for the rest.
+    await asyncio.sleep(0.3)
+    assert not call.done(), "answered while the client was still sending"
+    await call.write(api.UploadAttachmentRequest(chunk=b"x" * 64 * 1024))
+    await call.done_writing()
+    await refused(call, grpc.StatusCode.INVALID_ARGUMENT, "ATTACHMENT_TOO_LARGE")
+
+
+async def test_a_refused_upload_whose_client_stalls_is_answered_after_a_bounded_wait(
+    transcript: TranscriptClient,
+) -> None:
+    await _create(transcript, "s")
+    call = transcript.stub.UploadAttachment(metadata=transcript.as_user("alice"))
+    await call.write(_too_large_header(transcript))
+    # Neither more bytes nor a half-close: the answer comes after REFUSED_UPLOAD_DRAIN_SECONDS.
+    await asyncio.wait_for(refused(call, grpc.StatusCode.INVALID_ARGUMENT, "ATTACHMENT_TOO_LARGE"), 20)
+
+
+async def test_a_refused_upload_whose_client_writes_on_is_answered_after_a_bounded_read(
+    transcript: TranscriptClient,
+) -> None:
+    await _create(transcript, "s")
+    call = transcript.stub.UploadAttachment(metadata=transcript.as_user("alice"))
+    await call.write(_too_large_header(transcript))
+    written = 0
+
+    async def write_forever() -> None:
+        nonlocal written
+        with contextlib.suppress(asyncio.InvalidStateError, grpc.aio.AioRpcError):
+            while True:
+                await call.write(api.UploadAttachmentRequest(chunk=b"x" * 64 * 1024))
+                written += 64 * 1024
+
+    writer = asyncio.create_task(write_forever())
+    try:
+        # A write crossing the answer may turn it into INTERNAL on this side: such a client gave up its
+        # right to a clean answer by writing on.
+        code = await asyncio.wait_for(call.code(), 20)
+    finally:
+        writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await writer
+    assert code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.INTERNAL)
+    # The server stopped reading after REFUSED_UPLOAD_DRAIN_BYTES; what was written beyond them sat in
+    # the flow-control windows (a few MiB). Reading on for its whole time bound takes hundreds of MiB.
+    assert written < 32 * 1024 * 1024, f"the server read {written} bytes of a refused upload"
 
 
 async def test_upload_must_start_with_its_header(transcript: TranscriptClient) -> None:
