@@ -70,7 +70,7 @@ async def attachment_media_types(
 ) -> dict[str, str]:
     """Check the attachments new messages refer to (no query when there are none)."""
     # One pass over the parts of every message: a call per message cost the append path ~6 us a batch.
-    referenced = sorted(set(validation.attachment_ids([part for row in rows for part in row.content])))
+    referenced = sorted(set(validation.attachment_ids([part for row in rows for part in row["content"]])))
     if not referenced:
         return {}
     async with database.connection() as connection:

@@ -16,7 +16,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from google.protobuf import json_format
 
@@ -35,7 +35,7 @@ from continuum_transcript.errors import (
     TooManyPendingPrompts,
 )
 from continuum_transcript.settings import TranscriptSettings
-from continuum_transcript.validation import MessageRow
+from continuum_transcript.validation import MessageRow, message_row
 
 logger = logging.getLogger("continuum.transcript.publisher")
 
@@ -343,26 +343,16 @@ class SessionPublisher:
         created = self._clock.now_ms() if create_ms is None else create_ms
         session_id = self.session_id
         ids = self._take_ids(len(rows))
-        stored: list[dict[str, Any]] = [
-            {
-                "message_id": message_id,
-                "session_id": session_id,
-                "role": row.role,
-                "content": row.content,
-                "tool_calls": row.tool_calls,
-                "tool_call_id": row.tool_call_id,
-                # Stored dicts are never changed in place, so a row without extras shares its metadata.
-                "metadata": {**row.metadata, **extra_metadata} if extra_metadata else row.metadata,
-                "status": row.status,
-                "deleted": False,
-                "create_ms": created,
-                "commit_seq": seq,
-                "body_bytes": row.body_bytes,
-                "preview": row.preview,
-                "result_truncated": row.result_truncated,
-            }
-            for message_id, row in zip(ids, rows, strict=True)
-        ]
+        # The validated rows become the stored rows. Once stored they are never changed in place.
+        for message_id, row in zip(ids, rows, strict=True):
+            row["message_id"] = message_id
+            row["session_id"] = session_id
+            row["deleted"] = False
+            row["create_ms"] = created
+            row["commit_seq"] = seq
+            if extra_metadata:
+                row["metadata"] = {**row["metadata"], **extra_metadata}
+        stored = cast("list[dict[str, Any]]", rows)
         self.commit_seq = seq
         if runtime_state is not None:
             self.runtime_state = runtime_state
@@ -400,9 +390,7 @@ class SessionPublisher:
             watermark = fpb.WatermarkFrame(base_seq=seq - 1, seq=seq)
             frame = api.FollowResponse(stream_generation=self.stream_generation, watermark=watermark)
         # Small bodies travel in the frame while it has room; the rest as stubs (see bodies.py).
-        whole = bodies.inline_ids(
-            [(message_id, row.body_bytes) for message_id, row in zip(ids, rows, strict=True)], self._limits.bodies
-        )
+        whole = bodies.inline_ids([(row["message_id"], row["body_bytes"]) for row in stored], self._limits.bodies)
         shown = [row if row["message_id"] in whole else bodies.stub_row(row) for row in stored]
         cost = FRAME_OVERHEAD_BYTES + frame.ByteSize()
         cost += sum(row["body_bytes"] if row["message_id"] in whole else bodies.STUB_BYTES for row in stored)
@@ -480,16 +468,7 @@ class SessionPublisher:
             shown = "".join(self._take_attempt(ref).chunks)
             content = [{"text": shown}] if shown else []
             size = bodies.utf8_size(shown)
-            row = MessageRow(
-                role=pb.MESSAGE_ROLE_ASSISTANT,
-                content=content,
-                tool_calls=[],
-                tool_call_id="",
-                metadata={},
-                status=pb.MESSAGE_STATUS_INTERRUPTED,
-                body_bytes=size,
-                preview=bodies.stored_preview(content, size),
-            )
+            row = message_row(pb.MESSAGE_ROLE_ASSISTANT, content, [], "", {}, pb.MESSAGE_STATUS_INTERRUPTED, size)
             seq, (message_id,) = self._accept_now(
                 [row],
                 runtime_state=None,
@@ -780,7 +759,7 @@ class SessionPublisher:
 
 def _backlog_cost(rows: Sequence[MessageRow]) -> int:
     """What unsaved rows hold in memory, about: their bodies plus a little per row."""
-    return sum(row.body_bytes for row in rows) + FRAME_OVERHEAD_BYTES * len(rows)
+    return sum(row["body_bytes"] for row in rows) + FRAME_OVERHEAD_BYTES * len(rows)
 
 
 def _copy(state: fpb.RuntimeState) -> fpb.RuntimeState:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, NamedTuple
+from typing import Any, NotRequired, TypedDict
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.struct_pb2 import Struct, Value
@@ -149,12 +149,12 @@ def holder(value: str, field: str = "holder") -> str:
     return text(value, field, MAX_HOLDER_CHARS)
 
 
-class MessageRow(NamedTuple):
-    """A validated message ready to insert (JSON-shaped content, tool calls and metadata), with
+class MessageRow(TypedDict):
+    """A validated message as the row to insert (JSON-shaped content, tool calls and metadata), with
     what stubs show instead of the body: its size, its stored preview and its truncation flag.
 
-    A named tuple rather than a frozen dataclass: just as immutable, and built several times
-    faster, which counts at one per appended message."""
+    The publisher that accepts it fills in the rest in place, and it becomes the stored row: one
+    dict per message from the request to the database, with nothing copied on the way."""
 
     role: int
     content: list[dict[str, Any]]
@@ -162,13 +162,38 @@ class MessageRow(NamedTuple):
     tool_call_id: str
     metadata: dict[str, Any]
     status: int
-    body_bytes: int = 0
-    preview: str = ""
+    body_bytes: int
+    preview: str
+    result_truncated: bool
+    # Set by the publisher when it accepts the message.
+    message_id: NotRequired[int]
+    session_id: NotRequired[str]
+    deleted: NotRequired[bool]
+    create_ms: NotRequired[int]
+    commit_seq: NotRequired[int]
 
-    @property
-    def result_truncated(self) -> bool:
-        """Whether the tool reported this result as truncated."""
-        return self.role == pb.MESSAGE_ROLE_TOOL and self.metadata.get(RESULT_TRUNCATED) is True
+
+def message_row(
+    role: int,
+    content: list[dict[str, Any]],
+    tool_calls: list[dict[str, str]],
+    tool_call_id: str,
+    metadata: dict[str, Any],
+    status: int,
+    body_bytes: int,
+) -> MessageRow:
+    """A message row of valid values, its preview and truncation flag computed."""
+    return {
+        "role": role,
+        "content": content,
+        "tool_calls": tool_calls,
+        "tool_call_id": tool_call_id,
+        "metadata": metadata,
+        "status": status,
+        "body_bytes": body_bytes,
+        "preview": stored_preview(content, body_bytes),
+        "result_truncated": role == pb.MESSAGE_ROLE_TOOL and metadata.get(RESULT_TRUNCATED) is True,
+    }
 
 
 def attachment_ids(content: list[dict[str, Any]]) -> list[str]:
@@ -236,11 +261,8 @@ def _message_row(message: pb.NewMessage, settings: TranscriptSettings, size: int
     if role == pb.MESSAGE_ROLE_TOOL:
         # Every stored message passes here once, so the flag is computed at write time only.
         given_metadata = with_truncation_flag(role, content, given_metadata)
-    # Positional: keyword arguments cost a named tuple twice as much. The serialized size bounds the
-    # body's text, tool calls and metadata, and costs nothing.
-    return MessageRow(
-        role, content, tool_calls, tool_call_id, given_metadata, status, size, stored_preview(content, size)
-    )
+    # The serialized size bounds the body's text, tool calls and metadata, and costs nothing.
+    return message_row(role, content, tool_calls, tool_call_id, given_metadata, status, size)
 
 
 def _tool_calls(given: Any, role: int) -> list[dict[str, str]]:
