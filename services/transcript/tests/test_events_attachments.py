@@ -149,18 +149,21 @@ async def test_oversize_or_malformed_uploads_leave_nothing(transcript: Transcrip
     assert leftovers == []
 
 
-def _too_large_header(transcript: TranscriptClient) -> api.UploadAttachmentRequest:
+async def _refused_upload(transcript: TranscriptClient) -> grpc.aio.StreamUnaryCall:
+    """An upload to a new session "s" whose header declares more than the limit (refused at once), the
+    call left open."""
+    await _create(transcript, "s")
     declared = transcript.settings.max_attachment_bytes + 1
     header = api.UploadAttachmentHeader(session_id="s", media_type="image/png", file_name="a.png", size_bytes=declared)
-    return api.UploadAttachmentRequest(header=header)
+    call = transcript.stub.UploadAttachment(metadata=transcript.as_user("alice"))
+    await call.write(api.UploadAttachmentRequest(header=header))
+    return call
 
 
 async def test_a_refused_upload_is_answered_once_its_client_has_sent_everything(transcript: TranscriptClient) -> None:
     """Refused at its header, the upload still reads what follows: answering while the client still
     writes makes grpc's client report INTERNAL (a write crossing the answer) instead of the refusal."""
-    await _create(transcript, "s")
-    call = transcript.stub.UploadAttachment(metadata=transcript.as_user("alice"))
-    await call.write(_too_large_header(transcript))
+    call = await _refused_upload(transcript)
     # Before, the answer came within milliseconds of the header; now it waits for the rest.
     await asyncio.sleep(0.3)
     assert not call.done(), "answered while the client was still sending"
@@ -172,9 +175,7 @@ async def test_a_refused_upload_is_answered_once_its_client_has_sent_everything(
 async def test_a_refused_upload_whose_client_stalls_is_answered_after_a_bounded_wait(
     transcript: TranscriptClient,
 ) -> None:
-    await _create(transcript, "s")
-    call = transcript.stub.UploadAttachment(metadata=transcript.as_user("alice"))
-    await call.write(_too_large_header(transcript))
+    call = await _refused_upload(transcript)
     # Neither more bytes nor a half-close: the answer comes after REFUSED_UPLOAD_DRAIN_SECONDS.
     await asyncio.wait_for(refused(call, grpc.StatusCode.INVALID_ARGUMENT, "ATTACHMENT_TOO_LARGE"), 20)
 
@@ -182,9 +183,7 @@ async def test_a_refused_upload_whose_client_stalls_is_answered_after_a_bounded_
 async def test_a_refused_upload_whose_client_writes_on_is_answered_after_a_bounded_read(
     transcript: TranscriptClient,
 ) -> None:
-    await _create(transcript, "s")
-    call = transcript.stub.UploadAttachment(metadata=transcript.as_user("alice"))
-    await call.write(_too_large_header(transcript))
+    call = await _refused_upload(transcript)
     written = 0
 
     async def write_forever() -> None:
