@@ -158,6 +158,7 @@ class Operations:
                     target_session_id=uuid.uuid4().hex,
                     execution=execution,
                     now_ms=self._clock.now_ms(),
+                    admission_expire_ms=self._clock.now_ms() + round(self._settings.lease_ttl_seconds * 1000),
                 )
             if inserted:
                 break
@@ -172,7 +173,9 @@ class Operations:
             await self._admit(user, operation_id, parameters)
         except BaseException:
             async with self._db.transaction() as connection:
-                await store.discard_admission(connection, operation_id, store.FIRST_EPOCH)
+                # A cancel that came meanwhile keeps the row; the start's lease ends either way.
+                if not await store.discard_admission(connection, operation_id, store.FIRST_EPOCH):
+                    await store.end_admission(connection, operation_id, self._clock.now_ms())
             raise
         self._signals.wake()
         async with self._db.connection() as connection:
@@ -206,6 +209,7 @@ class Operations:
                     claim.expire_ms,
                     cut_json(cuts),
                     self._clock.now_ms(),
+                    admitted=True,
                 )
         except BaseException:
             with contextlib.suppress(MergeError):
@@ -214,6 +218,8 @@ class Operations:
         if not recorded:
             # Cancelled while admitting: the cancel won, and it leaves nothing claimed.
             await self._transcript.release_claim(user, claim.claim_id)
+            async with self._db.transaction() as connection:
+                await store.end_admission(connection, operation_id, self._clock.now_ms())
 
     async def _release_claims(self, operation: Operation) -> Operation:
         """Free the sources of a cancelled operation at once (a repeated cancel retries a release that

@@ -23,6 +23,12 @@ from continuum_runtime.database import insert_ignoring_conflicts
 PROTOCOL_VERSION = 2
 UNFINISHED = ("preparing", "paused", "failed")
 FIRST_EPOCH = 1
+# The lease a start holds on the operation it inserted until it has recorded the sources' claim and cut
+# (or given up). A worker that took the operation meanwhile would claim the same sources under the same
+# holder, and whichever claimed second was refused as busy: the run paused, or the start failed for an
+# operation that was running. A start that crashed lets its lease run out, and a worker then admits.
+# No worker is named so: instance ids never contain "(".
+ADMISSION_LEASE_OWNER = "(admission)"
 # The pause of a package that no longer matches its hashes (seed 000 §6.3), named by the contract.
 DAMAGED = error_code_pb2.MergeErrorCode.Name(error_code_pb2.PACKAGE_DAMAGED)
 
@@ -178,8 +184,10 @@ async def insert_operation(
     target_session_id: str,
     execution: Execution,
     now_ms: int,
+    admission_expire_ms: int,
 ) -> bool:
-    """Take the user's active slot with a new operation; False when the slot or the key is taken.
+    """Take the user's active slot with a new operation, leased to its admission until
+    `admission_expire_ms`; False when the slot or the key is taken.
 
     The race between two starts of one user is decided by the unique partial index on the active slot
     (and two starts with one key by the unique key): the statement inserts nothing on a conflict with
@@ -198,6 +206,8 @@ async def insert_operation(
             stage="snapshotting",
             active_slot=1,
             run_epoch=FIRST_EPOCH,
+            lease_owner=ADMISSION_LEASE_OWNER,
+            lease_expire_ms=admission_expire_ms,
             execution_json=execution.to_json(),
             snapshot_version=0,
             units_planned=False,
@@ -271,7 +281,18 @@ async def discard_admission(connection: AsyncConnection, operation_id: str, run_
         table.c.run_epoch == run_epoch,
         table.c.status == "preparing",
         table.c.claim_id.is_(None),
-        table.c.lease_owner.is_(None),
+        table.c.lease_owner == ADMISSION_LEASE_OWNER,
+    )
+    return (await connection.execute(statement)).rowcount == 1
+
+
+async def end_admission(connection: AsyncConnection, operation_id: str, now_ms: int) -> bool:
+    """Give up the admission's lease (a cancel won the operation meanwhile); False when a worker holds it."""
+    table = session_merges
+    statement = (
+        update(table)
+        .where(table.c.operation_id == operation_id, table.c.lease_owner == ADMISSION_LEASE_OWNER)
+        .values(lease_owner=None, lease_expire_ms=None, update_ms=now_ms)
     )
     return (await connection.execute(statement)).rowcount == 1
 
@@ -295,10 +316,14 @@ async def record_claim(
     expire_ms: int,
     cut: str,
     now_ms: int,
+    *,
+    admitted: bool = False,
 ) -> bool:
     """Record the MERGE claim the operation holds and the cut read under it, if the operation is still
-    preparing at `run_epoch` (a cancel in between wins: the caller must then release the claim)."""
+    preparing at `run_epoch` (a cancel in between wins: the caller must then release the claim). The
+    admission's record also ends its lease, in the same statement: the operation is a worker's from then."""
     table = session_merges
+    admission = {"lease_owner": None, "lease_expire_ms": None} if admitted else {}
     statement = (
         update(table)
         .where(table.c.operation_id == operation_id, table.c.run_epoch == run_epoch, table.c.status == "preparing")
@@ -308,6 +333,7 @@ async def record_claim(
             claim_expire_ms=expire_ms,
             cut_json=cut,
             update_ms=now_ms,
+            **admission,
         )
     )
     return (await connection.execute(statement)).rowcount == 1

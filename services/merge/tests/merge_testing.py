@@ -228,7 +228,10 @@ async def admitted(
             target_session_id=f"target-{operation_id}",
             execution=EXECUTION,
             now_ms=now_ms,
+            admission_expire_ms=now_ms + 10_000,
         )
+        # Admitted: the start's lease ended (the claim and cut are not needed by these tests).
+        assert await store.end_admission(connection, operation_id, now_ms)
         if changes:
             await connection.execute(
                 update(session_merges).where(session_merges.c.operation_id == operation_id).values(**changes)

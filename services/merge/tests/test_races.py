@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 from deadline_testing import eventually
-from merge_testing import MergeStack, conflict_operation, running_merge
+from merge_testing import OWNER, MergeStack, conflict_operation, running_merge
 from pipeline_testing import ScriptedPipeline
 from race_testing import until_waiting
 from sqlalchemy import text
@@ -22,7 +22,9 @@ from sqlalchemy import text
 from continuum.merge.v1 import merge_service_pb2 as api
 from continuum.merge.v1 import resources_pb2 as pb
 from continuum.transcript.v1 import transcript_service_pb2 as tapi
+from continuum_merge import store
 from continuum_merge.worker import PUBLISH_BEFORE_COMPLETE
+from continuum_runtime.clock import SystemClock
 from continuum_runtime.errors import error_details
 
 pytestmark = pytest.mark.postgres
@@ -84,6 +86,52 @@ async def test_two_starts_with_different_keys_one_wins(stack: MergeStack) -> Non
     losing_sources = ["c", "d"] if list(winner.locked_source_session_ids) == ["a", "b"] else ["a", "b"]
     for session_id in losing_sources:
         await stack.run_claim(session_id)
+
+
+async def test_no_worker_takes_an_operation_while_its_start_still_claims_the_sources(stack: MergeStack) -> None:
+    """Both would claim the sources under the operation's one holder: the second was refused as busy, and
+    the run paused (or the start failed for an operation that was running)."""
+    for session_id in ("a", "b"):
+        await stack.new_session(session_id)
+    async with stack.database.transaction() as claims_held:
+        await claims_held.execute(text("LOCK TABLE transcript.execution_claims IN EXCLUSIVE MODE"))
+        start = spawn(stack.start(["a", "b"]))
+        await until_waiting(stack.database, 1, "the start claiming the sources")
+        # What any replica's worker does when it looks for work now.
+        now = SystemClock().now_ms()
+        async with stack.database.transaction() as connection:
+            operation = await store.load_active(connection, OWNER)
+            assert operation is not None
+            assert await store.claimable(connection, "worker-1", now, 10) == []
+            assert await store.take_lease(connection, operation, "worker-1", now, 10_000) is None
+    started = await start
+    assert isinstance(started, api.StartMergeResponse)
+    async with stack.database.connection() as connection:
+        (admitted,) = await store.claimable(connection, "worker-1", SystemClock().now_ms(), 10)
+    assert admitted.run_epoch == store.FIRST_EPOCH and admitted.claim_id is not None and admitted.lease_owner is None
+
+
+async def test_a_cancel_while_the_start_claims_ends_its_admission_and_frees_the_user_at_once(
+    stack: MergeStack,
+) -> None:
+    for session_id in ("a", "b", "c", "d"):
+        await stack.new_session(session_id)
+    async with stack.database.transaction() as claims_held:
+        await claims_held.execute(text("LOCK TABLE transcript.execution_claims IN EXCLUSIVE MODE"))
+        start = spawn(stack.start(["a", "b"]))
+        await until_waiting(stack.database, 1, "the start claiming the sources")
+        async with stack.database.connection() as connection:
+            operation = await store.load_active(connection, OWNER)
+        assert operation is not None
+        await stack.stub.CancelMerge(api.CancelMergeRequest(operation_id=operation.operation_id), metadata=stack.user())
+    assert isinstance(await start, api.StartMergeResponse)
+    async with stack.database.connection() as connection:
+        cancelled = await store.load(connection, operation.operation_id)
+    assert cancelled is not None and cancelled.status == "cancelled" and cancelled.lease_owner is None
+    # Nothing stays claimed, and the user need not wait for the cancelled merge to stop.
+    for session_id in ("a", "b"):
+        await stack.run_claim(session_id)
+    assert (await stack.start(["c", "d"], key="key-2")).created
 
 
 async def test_the_same_key_twice_makes_one_operation(stack: MergeStack) -> None:

@@ -69,6 +69,35 @@ async def test_migrating_concurrently_ends_at_the_tables_the_code_uses(database_
         await database.dispose()
 
 
+async def test_an_operation_is_no_workers_while_its_start_admits_it(database: Database) -> None:
+    async with database.transaction() as connection:
+        assert await store.insert_operation(
+            connection,
+            operation_id="op1",
+            owner="alice",
+            idempotency_key="k",
+            parameters=PARAMETERS,
+            target_session_id="target-op1",
+            execution=EXECUTION,
+            now_ms=NOW,
+            admission_expire_ms=NOW + 5_000,
+        )
+    async with database.connection() as connection:
+        operation = await store.load(connection, "op1")
+        assert operation is not None and operation.lease_owner == store.ADMISSION_LEASE_OWNER
+        assert await store.claimable(connection, "w1", NOW + 4_999, 10) == []
+        # A start that crashed: once its lease ran out, a worker takes the operation and admits it.
+        assert [found.operation_id for found in await store.claimable(connection, "w1", NOW + 5_000, 10)] == ["op1"]
+    async with database.transaction() as connection:
+        assert await store.take_lease(connection, operation, "w1", NOW + 1, 10_000) is None
+        assert await store.record_claim(
+            connection, "op1", store.FIRST_EPOCH, "c1", ["a"], NOW + 60_000, "[]", NOW + 2, admitted=True
+        )
+    async with database.connection() as connection:
+        (recorded,) = await store.claimable(connection, "w1", NOW + 3, 10)
+    assert recorded.lease_owner is None and recorded.claim_id == "c1"
+
+
 async def test_the_active_slot_is_one_per_user_and_only_while_unfinished(database: Database) -> None:
     await admitted(database)
     async with database.transaction() as connection:
@@ -81,6 +110,7 @@ async def test_the_active_slot_is_one_per_user_and_only_while_unfinished(databas
             target_session_id="target-op2",
             execution=EXECUTION,
             now_ms=NOW,
+            admission_expire_ms=NOW + 10_000,
         )
     assert not taken
     await admitted(database, owner="bob", operation_id="op3")
