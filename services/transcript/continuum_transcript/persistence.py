@@ -101,28 +101,31 @@ async def current_stream_generation(connection: AsyncConnection, session_id: str
     return int(value or 0)
 
 
-# On PostgreSQL the message id sequence counts in blocks (migration 0006): one nextval reserves the
-# ID_BLOCK ids from the value it returns, so a reservation costs a nextval per block, not per id, and
-# the ids it holds are ranges, not ints. Ids other inserts would take from the sequence stay unique
-# and increasing too; there are none (every message is written by a publisher, with its reserved id).
-ID_BLOCK = 8192
-_RESERVE_BLOCKS = (
-    "SELECT array_agg(start ORDER BY start) FROM (SELECT nextval(pg_get_serial_sequence('messages', 'message_id'))"
-    " AS start FROM generate_series(1, $1)) AS reserved"
+# On PostgreSQL the message id sequence counts in blocks (INCREMENT BY 8192 since migration 0006): one
+# nextval reserves the block of ids from the value it returns up to the next, so a reservation costs a
+# nextval per block, not per id, and the ids it holds are ranges, not ints. The statement reads the
+# block size from the sequence itself, so a schema not migrated yet (INCREMENT BY 1) still gets
+# distinct ids, one per nextval. Nothing else takes ids from the sequence: every message is written by
+# a publisher, with its reserved id.
+_RESERVE_BLOCKS = """
+SELECT seqincrement, array(
+    SELECT nextval(seqrelid) AS start FROM generate_series(1, (($1 - 1) / seqincrement + 1)::int) ORDER BY start
 )
+FROM pg_sequence WHERE seqrelid = pg_get_serial_sequence('messages', 'message_id')::regclass
+"""
 
 
 async def reserve_ids(database: Database, count: int) -> list[range]:
-    """`count` fresh message ids, as ascending ranges. Ids are reserved ahead of persistence so
-    accepted messages can be shown with their final ids before they reach disk."""
+    """`count` (at least one) fresh message ids, as ascending ranges. Ids are reserved ahead of
+    persistence so accepted messages can be shown with their final ids before they reach disk."""
     if not database.sqlite:
         # One autocommitted statement straight on the driver: nextval needs no transaction (a
         # sequence never rolls back).
         async with database.driver_connection() as driver:
-            starts = await driver.fetchval(_RESERVE_BLOCKS, -(-count // ID_BLOCK))
-        blocks = [range(start, start + ID_BLOCK) for start in starts]
-        # The last block gives only what is still wanted: a small reservation stays small.
-        blocks[-1] = blocks[-1][: count - ID_BLOCK * (len(blocks) - 1)]
+            block, starts = await driver.fetchrow(_RESERVE_BLOCKS, count)
+        blocks = [range(start, start + block) for start in starts]
+        # Only what was asked for is handed out; the rest of the last block is never used.
+        blocks[-1] = blocks[-1][: count - block * (len(blocks) - 1)]
         return blocks
     async with database.transaction() as connection:
         # SQLite's AUTOINCREMENT counter lives in sqlite_sequence; advancing it reserves the ids.

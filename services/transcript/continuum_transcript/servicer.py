@@ -22,6 +22,7 @@ from continuum_runtime.auth import ACTING_USER_KEY, acting_user
 from continuum_runtime.cancellation import finish_before_stopping
 from continuum_runtime.clock import Clock
 from continuum_runtime.database import Database
+from continuum_runtime.errors import ServiceError
 from continuum_runtime.paging import Cursor, PageTokens, page_size
 from continuum_transcript import (
     attachments,
@@ -36,7 +37,7 @@ from continuum_transcript import (
     turns,
     validation,
 )
-from continuum_transcript.errors import AttachmentTooLarge, BadRequest, PageTokenInvalid, TranscriptError
+from continuum_transcript.errors import AttachmentTooLarge, BadRequest, PageTokenInvalid
 from continuum_transcript.live import LiveTranscript, attachment_media_types
 from continuum_transcript.registry import PublisherRegistry
 from continuum_transcript.settings import TranscriptSettings
@@ -345,7 +346,7 @@ class TranscriptServicer(LiveTranscript, api_grpc.TranscriptServiceServicer):
     ) -> api.UploadAttachmentResponse:
         try:
             return await self._upload(acting_user(context), request_iterator)
-        except TranscriptError:
+        except ServiceError:
             await _drain_refused_upload(request_iterator)
             raise
 

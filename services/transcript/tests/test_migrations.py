@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Connection, event, inspect, text
@@ -19,9 +20,11 @@ from sqlalchemy import Connection, event, inspect, text
 from continuum_runtime import migrations
 from continuum_runtime.database import Database
 from continuum_transcript import persistence
-from continuum_transcript.persistence import ID_BLOCK
 from continuum_transcript.server import MIGRATIONS_DIR
 from continuum_transcript.tables import metadata
+
+# The block size migration 0006 gives the message id sequence.
+BLOCK = 8192
 
 
 async def _migrate_in_subprocess(database_url: str) -> tuple[int, str]:
@@ -98,9 +101,14 @@ async def test_message_sizes_previews_and_flags_are_backfilled(database_url: str
     assert [bool(row[3]) for row in found] == [False, False, True, False]
 
 
-async def test_ids_reserved_after_the_block_migration_follow_every_stored_id_and_never_repeat(
-    database_url: str,
-) -> None:
+def _downgrade_to(connection: Connection, target: str) -> None:
+    command.downgrade(migrations._config(MIGRATIONS_DIR, "transcript", connection), target)
+    connection.commit()
+
+
+async def test_ids_reserved_before_after_and_past_the_block_migration_never_repeat(database_url: str) -> None:
+    """Reservations at 0005 (the sequence counting by one), at head (by blocks), and after a downgrade
+    (by one again, as the code before would reserve): every id follows the stored ones, none repeats."""
     database = Database(database_url, schema="transcript")
     try:
         await migrations.upgrade(database, MIGRATIONS_DIR, target="0005")
@@ -115,14 +123,24 @@ async def test_ids_reserved_after_the_block_migration_follow_every_stored_id_and
             if not database.sqlite:
                 # Ids up to 5000 were handed out one at a time before the migration.
                 await connection.execute(text("SELECT setval(pg_get_serial_sequence('messages', 'message_id'), 5000)"))
+        before = await persistence.reserve_ids(database, 3)
         await migrations.upgrade(database, MIGRATIONS_DIR)
-        reserved = await asyncio.gather(*[persistence.reserve_ids(database, count) for count in (3, ID_BLOCK + 2, 1)])
+        reserved = [before, *await asyncio.gather(*[persistence.reserve_ids(database, n) for n in (3, BLOCK + 2)])]
+        # Last before the downgrade: a whole block, as a publisher reserves it.
+        reserved.append(await persistence.reserve_ids(database, BLOCK))
+        if not database.sqlite:
+            async with database.engine.connect() as connection:
+                await connection.run_sync(_downgrade_to, "0005")
+            reserved.append(await persistence.reserve_ids(database, 2))
     finally:
         await database.dispose()
     ids = [list(itertools.chain.from_iterable(blocks)) for blocks in reserved]
-    assert [len(each) for each in ids] == [3, ID_BLOCK + 2, 1]
+    assert [len(each) for each in ids] == [3, 3, BLOCK + 2, BLOCK, 2][: len(ids)]
     assert all(each == sorted(each) and each[0] > 5000 for each in ids)
-    assert len(set(itertools.chain.from_iterable(ids))) == ID_BLOCK + 6, "two reservations share an id"
+    every = list(itertools.chain.from_iterable(ids))
+    assert len(set(every)) == len(every), "two reservations share an id"
+    if not database.sqlite:  # downgraded above
+        assert ids[-1][0] > max(every[:-2]), "after the downgrade, ids started over inside a reserved block"
 
 
 def test_on_sqlite_no_run_lets_another_in_before_it_is_done(tmp_path: Path) -> None:

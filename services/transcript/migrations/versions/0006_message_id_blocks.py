@@ -13,23 +13,25 @@ down_revision: str | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-# A frozen copy of continuum_transcript.persistence.ID_BLOCK as of this revision.
 ID_BLOCK = 8192
-
-
-def _increment_by(step: int) -> None:
-    # SQLite reserves through sqlite_sequence, by any count, and needs nothing.
-    if op.get_bind().dialect.name == "postgresql":
-        op.execute(
-            "DO $$ BEGIN EXECUTE format('ALTER SEQUENCE %s INCREMENT BY "
-            f"{step}', pg_get_serial_sequence('messages', 'message_id')); END $$"
-        )
+_SEQUENCE = "pg_get_serial_sequence('messages', 'message_id')"
 
 
 def upgrade() -> None:
-    # The next value is the last one handed out plus a block, so ids stay increasing across the change.
-    _increment_by(ID_BLOCK)
+    # SQLite reserves through sqlite_sequence, by any count, and needs nothing. The next value is the
+    # last one handed out plus a block, so ids stay increasing across the change.
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute(f"DO $$ BEGIN EXECUTE format('ALTER SEQUENCE %s INCREMENT BY {ID_BLOCK}', {_SEQUENCE}); END $$")
 
 
 def downgrade() -> None:
-    _increment_by(1)
+    # The last value handed out starts a block that may be in use up to its end: counting by one again
+    # starts after it.
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute(
+            "DO $$ DECLARE sequence text := "
+            f"{_SEQUENCE}; BEGIN"
+            " EXECUTE format('SELECT setval(%L, (SELECT last_value FROM %s) + "
+            f"{ID_BLOCK - 1})', sequence, sequence);"
+            " EXECUTE format('ALTER SEQUENCE %s INCREMENT BY 1', sequence); END $$"
+        )
