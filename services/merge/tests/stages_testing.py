@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 from deadline_testing import eventually
 from merge_testing import OWNER, merge_settings
 from process_testing import serve_module, service_log
@@ -139,13 +140,15 @@ class MergeProcess:
         try:
             return await asyncio.wait_for(self.process.wait(), seconds)
         except TimeoutError:
-            operation = await self.get(operation_id)
-            log = self.log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
-            raise AssertionError(
-                f"the merge process still runs after {seconds} s; operation: {operation.progress}"
-                + "\nits log ends:\n"
-                + "\n".join(log)
-            ) from None
+            pass
+        try:
+            state = str((await asyncio.wait_for(self.get(operation_id), 10)).progress)
+        except (TimeoutError, grpc.RpcError) as error:
+            state = f"unknown ({error!r})"
+        log = self.log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        raise AssertionError(
+            f"the merge process still runs after {seconds} s; operation: {state}\nits log ends:\n" + "\n".join(log)
+        )
 
     async def get(self, operation_id: str) -> pb.MergeOperation:
         """GetMerge as the owner."""
