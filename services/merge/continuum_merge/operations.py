@@ -6,10 +6,13 @@ reads the outcome back and answers with the operation as it stands.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import uuid
 from typing import Protocol
+
+from sqlalchemy.exc import SQLAlchemyError
 
 from continuum.merge.v1 import merge_service_pb2 as api
 from continuum.merge.v1 import resources_pb2 as pb
@@ -169,6 +172,7 @@ class Operations:
             await self._refuse_if_busy(user)
         else:
             raise ActiveExists("an unfinished merge exists", await self.message(await self._active_or_fail(user)))
+        renewer = asyncio.create_task(self._renew_admission(operation_id))
         try:
             await self._admit(user, operation_id, parameters)
         except BaseException:
@@ -177,6 +181,10 @@ class Operations:
                 if not await store.discard_admission(connection, operation_id, store.FIRST_EPOCH):
                     await store.end_admission(connection, operation_id, self._clock.now_ms())
             raise
+        finally:
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
         self._signals.wake()
         async with self._db.connection() as connection:
             operation = await store.load(connection, operation_id)
@@ -189,6 +197,22 @@ class Operations:
         if active is None:
             raise MergeError("the active slot kept changing; retry")
         return active
+
+    async def _renew_admission(self, operation_id: str) -> None:
+        """Keep the admission's lease while the start claims and reads the sources (transcript may be
+        slow): lapsed, it would let a worker in to claim them too. Sleeps in real time, like every
+        background loop: the lease's end is the injected clock's."""
+        ttl_ms = round(self._settings.lease_ttl_seconds * 1000)
+        while True:
+            await asyncio.sleep(self._settings.lease_renew_seconds)
+            try:
+                async with self._db.transaction() as connection:
+                    await store.renew_admission(connection, operation_id, self._clock.now_ms() + ttl_ms)
+            except (OSError, SQLAlchemyError) as error:
+                # The database is unreachable: the admission's own writes will fail too.
+                logger.warning(
+                    "admission lease not renewed", extra={"operation_id": operation_id, "error": type(error).__name__}
+                )
 
     async def _admit(self, user: str, operation_id: str, parameters: Parameters) -> None:
         """Claim the sources and record the claim and the cut; on any failure nothing stays claimed."""

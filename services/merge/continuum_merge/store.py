@@ -26,7 +26,8 @@ FIRST_EPOCH = 1
 # The lease a start holds on the operation it inserted until it has recorded the sources' claim and cut
 # (or given up). A worker that took the operation meanwhile would claim the same sources under the same
 # holder, and whichever claimed second was refused as busy: the run paused, or the start failed for an
-# operation that was running. A start that crashed lets its lease run out, and a worker then admits.
+# operation that was running. The start renews it while it admits; one that crashed lets it run out,
+# and a worker then admits.
 # No worker is named so: instance ids never contain "(".
 ADMISSION_LEASE_OWNER = "(admission)"
 # The pause of a package that no longer matches its hashes (seed 000 §6.3), named by the contract.
@@ -282,6 +283,21 @@ async def discard_admission(connection: AsyncConnection, operation_id: str, run_
         table.c.status == "preparing",
         table.c.claim_id.is_(None),
         table.c.lease_owner == ADMISSION_LEASE_OWNER,
+    )
+    return (await connection.execute(statement)).rowcount == 1
+
+
+async def renew_admission(connection: AsyncConnection, operation_id: str, expire_ms: int) -> bool:
+    """Extend the admission's lease; False once it ended (or a worker took the operation over)."""
+    table = session_merges
+    statement = (
+        update(table)
+        .where(
+            table.c.operation_id == operation_id,
+            table.c.run_epoch == FIRST_EPOCH,
+            table.c.lease_owner == ADMISSION_LEASE_OWNER,
+        )
+        .values(lease_expire_ms=expire_ms)
     )
     return (await connection.execute(statement)).rowcount == 1
 

@@ -111,6 +111,34 @@ async def test_no_worker_takes_an_operation_while_its_start_still_claims_the_sou
     assert admitted.run_epoch == store.FIRST_EPOCH and admitted.claim_id is not None and admitted.lease_owner is None
 
 
+async def test_a_start_slower_than_the_lease_keeps_its_operation_from_workers(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    overrides = {"worker_enabled": False, "lease_ttl_seconds": 1.0, "lease_renew_seconds": 0.2}
+    async with running_merge(tmp_path, postgres_url, overrides=overrides) as stack:
+        for session_id in ("a", "b"):
+            await stack.new_session(session_id)
+        async with stack.database.transaction() as claims_held:
+            await claims_held.execute(text("LOCK TABLE transcript.execution_claims IN EXCLUSIVE MODE"))
+            start = spawn(stack.start(["a", "b"]))
+            await until_waiting(stack.database, 1, "the start claiming the sources")
+            async with stack.database.connection() as connection:
+                operation = await store.load_active(connection, OWNER)
+            assert operation is not None and operation.lease_expire_ms is not None
+            first_end = operation.lease_expire_ms
+
+            async def renewed_past_its_first_end() -> bool:
+                async with stack.database.connection() as connection:
+                    current = await store.load(connection, operation.operation_id)
+                now = SystemClock().now_ms()
+                return current is not None and now > first_end and (current.lease_expire_ms or 0) > now
+
+            await eventually(renewed_past_its_first_end, what="the start to renew its lease", seconds=10)
+            async with stack.database.connection() as connection:
+                assert await store.claimable(connection, "worker-1", SystemClock().now_ms(), 10) == []
+        assert isinstance(await start, api.StartMergeResponse)
+
+
 async def test_a_cancel_while_the_start_claims_ends_its_admission_and_frees_the_user_at_once(
     stack: MergeStack,
 ) -> None:
