@@ -279,7 +279,9 @@ class TranscriptServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def UploadAttachment(self, request_iterator, context):
-        """Uploads attachment bytes: the first request carries the header, then chunks.
+        """Uploads attachment bytes: the first request carries the header, then chunks. A refused upload is
+        answered once the client half-closes (reading on, discarding, for at most 1 MiB or 2 s), so a
+        client that sends everything gets the refusal and not a write error.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -68,7 +68,10 @@ class TranscriptServiceStub:
     SetCompactionFence: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.SetCompactionFenceRequest, _transcript_service_pb2.SetCompactionFenceResponse]
     """Raises the session's compaction fence, only if the history generation is still the expected one."""
     UploadAttachment: _grpc.StreamUnaryMultiCallable[_transcript_service_pb2.UploadAttachmentRequest, _transcript_service_pb2.UploadAttachmentResponse]
-    """Uploads attachment bytes: the first request carries the header, then chunks."""
+    """Uploads attachment bytes: the first request carries the header, then chunks. A refused upload is
+    answered once the client half-closes (reading on, discarding, for at most 1 MiB or 2 s), so a
+    client that sends everything gets the refusal and not a write error.
+    """
     GetAttachment: _grpc.UnaryUnaryMultiCallable[_transcript_service_pb2.GetAttachmentRequest, _transcript_service_pb2.GetAttachmentResponse]
     """Reads an attachment's metadata."""
     DownloadAttachment: _grpc.UnaryStreamMultiCallable[_transcript_service_pb2.DownloadAttachmentRequest, _transcript_service_pb2.DownloadAttachmentResponse]
@@ -145,7 +148,10 @@ class TranscriptServiceAsyncStub(TranscriptServiceStub):
     SetCompactionFence: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.SetCompactionFenceRequest, _transcript_service_pb2.SetCompactionFenceResponse]  # type: ignore[assignment]
     """Raises the session's compaction fence, only if the history generation is still the expected one."""
     UploadAttachment: _aio.StreamUnaryMultiCallable[_transcript_service_pb2.UploadAttachmentRequest, _transcript_service_pb2.UploadAttachmentResponse]  # type: ignore[assignment]
-    """Uploads attachment bytes: the first request carries the header, then chunks."""
+    """Uploads attachment bytes: the first request carries the header, then chunks. A refused upload is
+    answered once the client half-closes (reading on, discarding, for at most 1 MiB or 2 s), so a
+    client that sends everything gets the refusal and not a write error.
+    """
     GetAttachment: _aio.UnaryUnaryMultiCallable[_transcript_service_pb2.GetAttachmentRequest, _transcript_service_pb2.GetAttachmentResponse]  # type: ignore[assignment]
     """Reads an attachment's metadata."""
     DownloadAttachment: _aio.UnaryStreamMultiCallable[_transcript_service_pb2.DownloadAttachmentRequest, _transcript_service_pb2.DownloadAttachmentResponse]  # type: ignore[assignment]
@@ -297,7 +303,10 @@ class TranscriptServiceServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_transcript_service_pb2.UploadAttachmentRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_transcript_service_pb2.UploadAttachmentResponse, _abc.Awaitable[_transcript_service_pb2.UploadAttachmentResponse]]:
-        """Uploads attachment bytes: the first request carries the header, then chunks."""
+        """Uploads attachment bytes: the first request carries the header, then chunks. A refused upload is
+        answered once the client half-closes (reading on, discarding, for at most 1 MiB or 2 s), so a
+        client that sends everything gets the refusal and not a write error.
+        """
 
     @_abc_1.abstractmethod
     def GetAttachment(
