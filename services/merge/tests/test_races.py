@@ -61,6 +61,22 @@ async def row_held(stack: MergeStack, operation_id: str) -> AsyncIterator[None]:
         yield
 
 
+@asynccontextmanager
+async def start_claiming(stack: MergeStack) -> AsyncIterator[tuple[asyncio.Future[object], store.Operation]]:
+    """A StartMerge of sessions a and b held while it claims them (transcript's claims table stays locked
+    until the block ends): the call and the operation it inserted."""
+    for session_id in ("a", "b"):
+        await stack.new_session(session_id)
+    async with stack.database.transaction() as claims_held:
+        await claims_held.execute(text("LOCK TABLE transcript.execution_claims IN EXCLUSIVE MODE"))
+        start = spawn(stack.start(["a", "b"]))
+        await until_waiting(stack.database, 1, "the start claiming the sources")
+        async with stack.database.connection() as connection:
+            operation = await store.load_active(connection, OWNER)
+        assert operation is not None
+        yield start, operation
+
+
 async def outcomes(*calls: asyncio.Future[object]) -> list[object]:
     """Each call's answer or its AioRpcError."""
     return list(await asyncio.gather(*calls, return_exceptions=True))
@@ -91,21 +107,13 @@ async def test_two_starts_with_different_keys_one_wins(stack: MergeStack) -> Non
 async def test_no_worker_takes_an_operation_while_its_start_still_claims_the_sources(stack: MergeStack) -> None:
     """Both would claim the sources under the operation's one holder: the second was refused as busy, and
     the run paused (or the start failed for an operation that was running)."""
-    for session_id in ("a", "b"):
-        await stack.new_session(session_id)
-    async with stack.database.transaction() as claims_held:
-        await claims_held.execute(text("LOCK TABLE transcript.execution_claims IN EXCLUSIVE MODE"))
-        start = spawn(stack.start(["a", "b"]))
-        await until_waiting(stack.database, 1, "the start claiming the sources")
+    async with start_claiming(stack) as (start, operation):
         # What any replica's worker does when it looks for work now.
         now = SystemClock().now_ms()
         async with stack.database.transaction() as connection:
-            operation = await store.load_active(connection, OWNER)
-            assert operation is not None
             assert await store.claimable(connection, "worker-1", now, 10) == []
             assert await store.take_lease(connection, operation, "worker-1", now, 10_000) is None
-    started = await start
-    assert isinstance(started, api.StartMergeResponse)
+    assert isinstance(await start, api.StartMergeResponse)
     async with stack.database.connection() as connection:
         (admitted,) = await store.claimable(connection, "worker-1", SystemClock().now_ms(), 10)
     assert admitted.run_epoch == store.FIRST_EPOCH and admitted.claim_id is not None and admitted.lease_owner is None
@@ -116,15 +124,8 @@ async def test_a_start_slower_than_the_lease_keeps_its_operation_from_workers(
 ) -> None:
     overrides = {"worker_enabled": False, "lease_ttl_seconds": 1.0, "lease_renew_seconds": 0.2}
     async with running_merge(tmp_path, postgres_url, overrides=overrides) as stack:
-        for session_id in ("a", "b"):
-            await stack.new_session(session_id)
-        async with stack.database.transaction() as claims_held:
-            await claims_held.execute(text("LOCK TABLE transcript.execution_claims IN EXCLUSIVE MODE"))
-            start = spawn(stack.start(["a", "b"]))
-            await until_waiting(stack.database, 1, "the start claiming the sources")
-            async with stack.database.connection() as connection:
-                operation = await store.load_active(connection, OWNER)
-            assert operation is not None and operation.lease_expire_ms is not None
+        async with start_claiming(stack) as (start, operation):
+            assert operation.lease_expire_ms is not None
             first_end = operation.lease_expire_ms
 
             async def renewed_past_its_first_end() -> bool:
@@ -142,15 +143,9 @@ async def test_a_start_slower_than_the_lease_keeps_its_operation_from_workers(
 async def test_a_cancel_while_the_start_claims_ends_its_admission_and_frees_the_user_at_once(
     stack: MergeStack,
 ) -> None:
-    for session_id in ("a", "b", "c", "d"):
+    for session_id in ("c", "d"):
         await stack.new_session(session_id)
-    async with stack.database.transaction() as claims_held:
-        await claims_held.execute(text("LOCK TABLE transcript.execution_claims IN EXCLUSIVE MODE"))
-        start = spawn(stack.start(["a", "b"]))
-        await until_waiting(stack.database, 1, "the start claiming the sources")
-        async with stack.database.connection() as connection:
-            operation = await store.load_active(connection, OWNER)
-        assert operation is not None
+    async with start_claiming(stack) as (start, operation):
         await stack.stub.CancelMerge(api.CancelMergeRequest(operation_id=operation.operation_id), metadata=stack.user())
     assert isinstance(await start, api.StartMergeResponse)
     async with stack.database.connection() as connection:
