@@ -306,13 +306,15 @@ class SessionPublisher:
         its sequence and its messages' ids."""
         async with self._accept:
             self._check_open()
-            self._check_backlog(_backlog_cost(rows))
+            cost = _backlog_cost(rows)
+            self._check_backlog(cost)
             self._check_prompts(prompts_upserted or [], prompts_resolved or [])
             await self._ensure_ids(len(rows))
             if settles is not None:
                 self._take_attempt(settles)
             return self._accept_now(
                 rows,
+                cost,
                 runtime_state=runtime_state,
                 prompts_upserted=prompts_upserted or [],
                 prompts_resolved=prompts_resolved or [],
@@ -327,6 +329,7 @@ class SessionPublisher:
     def _accept_now(
         self,
         rows: list[MessageRow],
+        backlog_cost: int,
         *,
         runtime_state: fpb.RuntimeState | None,
         prompts_upserted: list[fpb.PendingPrompt],
@@ -363,17 +366,16 @@ class SessionPublisher:
             for resolved in prompts_resolved:
                 self.prompts.pop(resolved, None)
             self._prompts_json = {k: json_format.MessageToDict(v) for k, v in self.prompts.items()}
-        cost = _backlog_cost(rows)
         self._pending.append(
             persistence.PersistBatch(
                 seq=seq,
                 rows=stored,
                 runtime_state=self._runtime_json,
                 pending_prompts=self._prompts_json,
-                backlog_bytes=cost,
+                backlog_bytes=backlog_cost,
             )
         )
-        self._pending_bytes += cost
+        self._pending_bytes += backlog_cost
         self._wake_flusher.set()
         if stored or runtime_state is not None or prompts_upserted or prompts_resolved or events:
             batch = fpb.BatchFrame(
@@ -464,13 +466,15 @@ class SessionPublisher:
             # Read what was shown in the same synchronous step that ends the attempt, so no
             # chunk can slip in between. The stored message counts against the backlog like any
             # batch: refused, the attempt stays open for a retry.
-            self._check_backlog(self._open(ref).text_bytes + FRAME_OVERHEAD_BYTES)
+            cost = self._open(ref).text_bytes + FRAME_OVERHEAD_BYTES
+            self._check_backlog(cost)
             shown = "".join(self._take_attempt(ref).chunks)
             content = [{"text": shown}] if shown else []
             size = bodies.utf8_size(shown)
             row = message_row(pb.MESSAGE_ROLE_ASSISTANT, content, [], "", {}, pb.MESSAGE_STATUS_INTERRUPTED, size)
             seq, (message_id,) = self._accept_now(
                 [row],
+                cost,
                 runtime_state=None,
                 prompts_upserted=[],
                 prompts_resolved=[],
