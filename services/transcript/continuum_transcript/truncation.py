@@ -10,17 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any, NoReturn
 
-from continuum.transcript.v1 import resources_pb2 as pb
-
 RESULT_TRUNCATED = "resultTruncated"
 _JSON_WHITESPACE = " \t\n\r"
-
-
-def with_truncation_flag(role: int, content: list[dict[str, Any]], metadata: dict[str, Any]) -> dict[str, Any]:
-    """`metadata` plus `resultTruncated: true` when a TOOL result reports truncation; other keys kept."""
-    if role != pb.MESSAGE_ROLE_TOOL or not reports_truncation(content):
-        return metadata
-    return {**metadata, RESULT_TRUNCATED: True}
 
 
 def reports_truncation(content: list[dict[str, Any]]) -> bool:

@@ -13,7 +13,7 @@ from continuum.transcript.v1 import resources_pb2 as pb
 from continuum_transcript.bodies import stored_preview
 from continuum_transcript.errors import BadRequest
 from continuum_transcript.settings import TranscriptSettings
-from continuum_transcript.truncation import RESULT_TRUNCATED, with_truncation_flag
+from continuum_transcript.truncation import RESULT_TRUNCATED, reports_truncation
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_TITLE_CHARS = 1_000
@@ -258,9 +258,9 @@ def _message_row(message: pb.NewMessage, settings: TranscriptSettings, size: int
         raise BadRequest(".content", "must not be empty")
     # Most messages have no metadata: asking is much cheaper than reading the empty Struct.
     given_metadata = metadata(message.metadata, ".metadata") if message.HasField("metadata") else {}
-    if role == pb.MESSAGE_ROLE_TOOL:
+    if role == pb.MESSAGE_ROLE_TOOL and reports_truncation(content):
         # Every stored message passes here once, so the flag is computed at write time only.
-        given_metadata = with_truncation_flag(role, content, given_metadata)
+        given_metadata = {**given_metadata, RESULT_TRUNCATED: True}
     # The serialized size bounds the body's text, tool calls and metadata, and costs nothing.
     return message_row(role, content, tool_calls, tool_call_id, given_metadata, status, size)
 
